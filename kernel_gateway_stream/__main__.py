@@ -1,0 +1,3 @@
+from kernel_gateway_stream.app import main
+
+main()

@@ -1,0 +1,205 @@
+"""The Broker contract, and the Subscriber every client connection is served by.
+
+The Tap publishes each record to the broker once; the broker coalesces and hands the
+resulting frames to every attached :class:`Subscriber` without waiting for any of them
+(DESIGN invariant 4). A Subscriber owns a bounded
+:class:`~kernel_gateway_stream.core.subscription.SubscriberQueue` and one writer task
+that drains it into a :class:`Transport` (a WebSocket, an SSE response, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABCMeta, abstractmethod
+from typing import Protocol
+
+from traitlets.config import LoggingConfigurable
+
+from ..core.errors import SequenceAhead
+from ..core.frames import Frame, frames_from_records
+from ..core.messages import Record
+from ..core.subscription import Overflow, SubscriberQueue
+from ..stores.base import TranscriptStore
+
+__all__ = ["Broker", "Subscriber", "Transport", "TransportClosed"]
+
+
+class TransportClosed(Exception):
+    """The client went away; raised by :meth:`Transport.send`."""
+
+
+class Transport(Protocol):
+    """Where a subscriber's frames go. Implemented by the channels and SSE handlers."""
+
+    async def send(self, frames: list[Frame]) -> None:
+        """Write ``frames`` in order; return once they are flushed to the socket.
+
+        Raises:
+            TransportClosed: the client is gone.
+        """
+
+    def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
+        """A notice that records ``first_seq..last_seq`` were discarded by retention,
+        to send before the replay, or None to send nothing."""
+
+    def overflowed(self, overflow: Overflow) -> None:
+        """Disconnect the client: it is over its limit (reason and resume point given)."""
+
+    def kernel_gone(self) -> None:
+        """End the client's stream: the kernel shut down."""
+
+
+class Subscriber:
+    """One client's view of one kernel's IOPub: replay from the transcript, then live.
+
+    Usage: ``await subscriber.start(since)``, then :meth:`offer` is called by the broker
+    for each frame, and :meth:`reply` by the connection for its own channel replies;
+    :meth:`close` when the client goes away.
+    """
+
+    def __init__(
+        self,
+        kernel_id: str,
+        broker: Broker,
+        store: TranscriptStore,
+        transport: Transport,
+        queue: SubscriberQueue,
+        *,
+        replay_page: int = 2000,
+        replay_frame_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.broker = broker
+        self.store = store
+        self.transport = transport
+        self.queue = queue
+        self.replay_page = replay_page
+        self.replay_frame_bytes = replay_frame_bytes
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def last_seq(self) -> int:
+        """The last IOPub sequence number handed to the transport."""
+        return self.queue.last_seq
+
+    async def start(self, since: int | None) -> None:
+        """Attach to the broker, replay ``(since, head]`` from the store, then go live.
+
+        With ``since=None`` the subscriber starts live at the current head.
+
+        Raises:
+            SequenceAhead: ``since`` is past the kernel's head; nothing was attached.
+        """
+        head = self.broker.head(self.kernel_id)
+        if since is not None and since > head:
+            raise SequenceAhead(since, head)
+        self.queue.holding = True
+        head = self.broker.attach(self.kernel_id, self)
+        if since is None or since >= head:
+            self.queue.start_after(head)
+        self._writer = asyncio.ensure_future(self._write_loop())
+        if since is not None and since < head:
+            await self._replay(since, head)
+        self.queue.holding = False
+        self._wake.set()
+
+    async def _replay(self, since: int, head: int) -> None:
+        cursor = since
+        first = True
+        while cursor < head and not self._closed:
+            page = await self.store.read(self.kernel_id, cursor, self.replay_page, until=head)
+            frames = frames_from_records(page.records, self.replay_frame_bytes)
+            if first and page.discarded is not None:
+                notice = self.transport.discarded(*page.discarded)
+                if notice is not None:
+                    frames.insert(0, notice)
+            first = False
+            if not page.records:
+                break
+            self.queue.sent(frames)
+            try:
+                await self.transport.send(frames)
+            except TransportClosed:
+                self.close()
+                return
+            cursor = page.records[-1].seq
+
+    def offer(self, frame: Frame, now: float) -> None:
+        """Queue a frame (called by the broker); never blocks."""
+        if self._closed:
+            return
+        overflow = self.queue.offer(frame, now)
+        if overflow is not None:
+            self.close()
+            self.transport.overflowed(overflow)
+            return
+        if not self.queue.holding:
+            self._wake.set()
+
+    def reply(self, frame: Frame, now: float) -> None:
+        """Queue a reply on the client's own shell, control or stdin channel."""
+        self.offer(frame, now)
+
+    def close(self) -> None:
+        """Detach from the broker and stop writing. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.broker.detach(self.kernel_id, self)
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        while not self._closed:
+            await self._wake.wait()
+            self._wake.clear()
+            frames = self.queue.take()
+            if not frames:
+                continue
+            # Counted as sent once handed over: a close frame queued after them reaches
+            # the client only after they do.
+            self.queue.sent(frames)
+            try:
+                await self.transport.send(frames)
+            except TransportClosed:
+                self.close()
+
+
+class _BrokerMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
+    pass
+
+
+class Broker(LoggingConfigurable, metaclass=_BrokerMeta):
+    """Fans each kernel's records out to subscribers as coalesced, shared frames.
+
+    The application creates one broker (``GatewayStreamApp.broker_class``). All methods
+    are called on the event loop.
+    """
+
+    @abstractmethod
+    def open_kernel(self, kernel_id: str, head: int) -> None:
+        """Called by the Tap when it starts, with the transcript head it numbers from."""
+
+    @abstractmethod
+    def publish(self, record: Record) -> None:
+        """Called by the Tap for every record, in order, after the store has it."""
+
+    @abstractmethod
+    def head(self, kernel_id: str) -> int:
+        """The last sequence number published (or opened at) for ``kernel_id``; 0 if none."""
+
+    @abstractmethod
+    def attach(self, kernel_id: str, subscriber: Subscriber) -> int:
+        """Called by :meth:`Subscriber.start`. Returns the head ``H``: the subscriber
+        will be offered every frame whose sequence numbers are all above ``H``, and
+        every record up to ``H`` is readable from the store."""
+
+    @abstractmethod
+    def detach(self, kernel_id: str, subscriber: Subscriber) -> None:
+        """Called by :meth:`Subscriber.close`."""
+
+    @abstractmethod
+    def close_kernel(self, kernel_id: str) -> list[Subscriber]:
+        """Called by the Tap when its kernel shuts down: flush what is pending, forget
+        the kernel, and return the subscribers that were attached."""

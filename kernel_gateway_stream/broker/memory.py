@@ -1,0 +1,132 @@
+"""The in-process broker: one coalescer per kernel, frames shared by every subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+
+from traitlets import Float, Int
+
+from ..core.coalescer import Coalescer
+from ..core.frames import Frame
+from ..core.messages import Record
+from .base import Broker, Subscriber
+
+__all__ = ["MemoryBroker"]
+
+
+class _Topic:
+    """One kernel: its coalescer, its subscribers and the timer for the coalescing window."""
+
+    __slots__ = ("coalescer", "head", "subscribers", "timer", "timer_deadline")
+
+    def __init__(self, coalescer: Coalescer, head: int) -> None:
+        self.coalescer = coalescer
+        self.head = head
+        self.subscribers: dict[Subscriber, None] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_deadline: float | None = None
+
+
+class MemoryBroker(Broker):
+    """Fan-out within this process (the embedded default)."""
+
+    coalesce_window = Float(
+        0.05,
+        config=True,
+        help="Seconds a burst of stream output may wait to be merged into one message. A "
+        "message after a quiet period is sent at once; 0 turns coalescing off.",
+    )
+    coalesce_max_bytes = Int(
+        65536,
+        config=True,
+        help="Largest merged stream message, in bytes of its parts; a run that reaches it is "
+        "sent at once.",
+    )
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._topics: dict[str, _Topic] = {}
+
+    def open_kernel(self, kernel_id: str, head: int) -> None:
+        topic = self._topics.get(kernel_id)
+        if topic is None:
+            coalescer = Coalescer(window=self.coalesce_window, max_bytes=self.coalesce_max_bytes)
+            self._topics[kernel_id] = _Topic(coalescer, head)
+        else:
+            topic.head = max(topic.head, head)
+
+    def head(self, kernel_id: str) -> int:
+        topic = self._topics.get(kernel_id)
+        return topic.head if topic else 0
+
+    def publish(self, record: Record) -> None:
+        topic = self._topics[record.kernel_id]
+        topic.head = record.seq
+        now = asyncio.get_running_loop().time()
+        frames = topic.coalescer.feed(record, now)
+        if frames:
+            self._fan_out(topic, frames, now)
+        self._arm(record.kernel_id, topic)
+
+    def attach(self, kernel_id: str, subscriber: Subscriber) -> int:
+        topic = self._topics.get(kernel_id)
+        if topic is None:
+            raise KeyError(kernel_id)
+        # Send what is pending now, so every later frame lies wholly above the head the
+        # new subscriber replays to: the replay-to-live handoff has no gap and no overlap.
+        pending = topic.coalescer.flush()
+        if pending:
+            self._fan_out(topic, pending, asyncio.get_running_loop().time())
+        topic.subscribers[subscriber] = None
+        return topic.head
+
+    def detach(self, kernel_id: str, subscriber: Subscriber) -> None:
+        topic = self._topics.get(kernel_id)
+        if topic is not None:
+            topic.subscribers.pop(subscriber, None)
+
+    def close_kernel(self, kernel_id: str) -> list[Subscriber]:
+        topic = self._topics.pop(kernel_id, None)
+        if topic is None:
+            return []
+        if topic.timer is not None:
+            topic.timer.cancel()
+        pending = topic.coalescer.flush()
+        if pending:
+            self._fan_out(topic, pending, asyncio.get_running_loop().time())
+        return list(topic.subscribers)
+
+    def subscriber_count(self, kernel_id: str) -> int:
+        topic = self._topics.get(kernel_id)
+        return len(topic.subscribers) if topic else 0
+
+    def _fan_out(self, topic: _Topic, frames: list[Frame], now: float) -> None:
+        # A subscriber may close (overflow) while we iterate: iterate over a copy.
+        subscribers = list(topic.subscribers)
+        for frame in frames:
+            for subscriber in subscribers:
+                subscriber.offer(frame, now)
+
+    def _arm(self, kernel_id: str, topic: _Topic) -> None:
+        deadline = topic.coalescer.next_deadline()
+        if deadline is None or deadline == topic.timer_deadline:
+            return
+        if topic.timer is not None:
+            topic.timer.cancel()
+        topic.timer_deadline = deadline
+        topic.timer = asyncio.get_running_loop().call_at(
+            deadline, self._on_deadline, kernel_id, deadline
+        )
+
+    def _on_deadline(self, kernel_id: str, deadline: float) -> None:
+        topic = self._topics.get(kernel_id)
+        if topic is None:
+            return
+        topic.timer = None
+        topic.timer_deadline = None
+        # call_at may fire a hair early (clock resolution); the deadline has come.
+        now = max(asyncio.get_running_loop().time(), deadline)
+        frames = topic.coalescer.due(now)
+        if frames:
+            self._fan_out(topic, frames, now)
+        self._arm(kernel_id, topic)

@@ -1,0 +1,87 @@
+"""Exceptions raised by kernel_gateway_stream.
+
+The tree::
+
+    GatewayStreamError
+    ├── LocalError                 the caller misused us (maps to HTTP 4xx / WS 4xxx)
+    │   ├── BadRequest             a parameter is malformed or out of range      (400)
+    │   │   └── SequenceAhead      ``since`` is past the kernel's head           (400)
+    │   └── UnknownKernel          no running kernel and no transcript           (404)
+    └── RemoteError                a peer (kernel or client) sent something invalid
+        ├── MalformedMessage       bytes or JSON that do not form a message
+        └── BadSignature           an HMAC that does not match the session key
+
+Local errors carry ``status`` (an HTTP status hint) and ``reason`` (short,
+machine-readable). Remote errors are raised from the one place that takes input
+from that peer, chained with ``from`` to the parser's own exception.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadRequest",
+    "BadSignature",
+    "GatewayStreamError",
+    "LocalError",
+    "MalformedMessage",
+    "RemoteError",
+    "SequenceAhead",
+    "UnknownKernel",
+]
+
+
+class GatewayStreamError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class LocalError(GatewayStreamError):
+    """The caller asked for something we cannot do; safe to show to the caller."""
+
+    status = 400
+    reason = "bad_request"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON body of the HTTP error response for this error."""
+        return {"reason": self.reason, "message": self.message}
+
+
+class BadRequest(LocalError):
+    """A request parameter is missing, malformed or out of range."""
+
+
+class SequenceAhead(BadRequest):
+    """A client asked to resume after a sequence number the kernel has not reached."""
+
+    reason = "since_ahead_of_head"
+
+    def __init__(self, since: int, head: int) -> None:
+        super().__init__(f"since={since} is ahead of the transcript head {head}")
+        self.since = since
+        self.head = head
+
+
+class UnknownKernel(LocalError):
+    """No running kernel, and no kept transcript, has this id."""
+
+    status = 404
+    reason = "unknown_kernel"
+
+    def __init__(self, kernel_id: str) -> None:
+        super().__init__(f"no kernel or transcript with id {kernel_id!r}")
+        self.kernel_id = kernel_id
+
+
+class RemoteError(GatewayStreamError):
+    """A peer sent us something that does not follow the protocol."""
+
+
+class MalformedMessage(RemoteError):
+    """Bytes or JSON that do not form a Jupyter message (or a WebSocket frame of one)."""
+
+
+class BadSignature(RemoteError):
+    """A kernel message whose HMAC signature does not match the session key."""

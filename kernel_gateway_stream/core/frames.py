@@ -1,0 +1,140 @@
+"""Frames: what subscribers are sent, each encoded at most once per protocol.
+
+A :class:`Frame` is one outgoing message: an IOPub message from the transcript (with its
+sequence number), a run of consecutive ``stream`` messages merged into one (with the
+sequence range it covers), or a reply on a client's own shell, control or stdin
+channel (no sequence number). Frames are shared by every subscriber that is sent
+them; :meth:`Frame.encode` caches its result so that a message is encoded once per
+protocol, not once per client (DESIGN invariant 4).
+
+Merging is render-equivalent (DESIGN invariant 6): two frames merge only when both are
+``stream`` messages of the same parent ``msg_id`` and stream name whose sequence ranges
+touch, so a merge never crosses another message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .messages import KernelMessage, Record
+from .wire import Protocol, encode_legacy, encode_v1, metadata_with_seq
+
+__all__ = ["Frame", "frames_from_records", "merge_runs"]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One outgoing message. Build with :meth:`from_record`, :meth:`reply` or :meth:`merge`."""
+
+    channel: str
+    message: KernelMessage
+    first_seq: int | None = None
+    last_seq: int | None = None
+    #: The merged text when this frame stands for several stream messages.
+    merged_text: str | None = None
+    _encoded: dict[Protocol, tuple[bytes, bool]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @classmethod
+    def from_record(cls, record: Record) -> Frame:
+        return cls("iopub", record.message, record.seq, record.seq)
+
+    @classmethod
+    def reply(cls, channel: str, message: KernelMessage) -> Frame:
+        """A message for one client's own channel; it has no sequence number."""
+        return cls(channel, message)
+
+    @property
+    def text(self) -> str | None:
+        """The stream text this frame carries (merged or not); None if not a stream frame."""
+        return self.merged_text if self.merged_text is not None else self.message.text
+
+    @property
+    def size(self) -> int:
+        """Approximate bytes on the wire; what subscriber queues count."""
+        if self.merged_text is None:
+            return self.message.size
+        return self.message.size + len(self.merged_text)
+
+    def can_merge(self, other: Frame) -> bool:
+        """True if ``other`` may be appended to this frame without changing what renders."""
+        return (
+            self.channel == "iopub"
+            and other.channel == "iopub"
+            and self.message.is_stream
+            and other.message.is_stream
+            and self.last_seq is not None
+            and other.first_seq == self.last_seq + 1
+            and self.message.parent_msg_id == other.message.parent_msg_id
+            and self.message.stream_name == other.message.stream_name
+        )
+
+    @staticmethod
+    def join(run: list[Frame]) -> Frame:
+        """A run of frames, each mergeable with the next, as one frame.
+
+        The text is joined once, so merging a burst of n messages costs O(total text),
+        not O(n²).
+        """
+        if len(run) == 1:
+            return run[0]
+        first = run[0]
+        return Frame(
+            "iopub",
+            first.message,
+            first.first_seq,
+            run[-1].last_seq,
+            "".join(frame.text or "" for frame in run),
+        )
+
+    def encode(self, protocol: Protocol) -> tuple[bytes, bool]:
+        """The payload for a client of ``protocol`` and whether it is a binary frame."""
+        cached = self._encoded.get(protocol)
+        if cached is None:
+            cached = self._encode(protocol)
+            self._encoded[protocol] = cached
+        return cached
+
+    def _encode(self, protocol: Protocol) -> tuple[bytes, bool]:
+        message = self.message
+        metadata = message.raw_metadata
+        if self.first_seq is not None and self.last_seq is not None:
+            metadata = metadata_with_seq(metadata, self.first_seq, self.last_seq)
+        content = message.raw_content
+        if self.merged_text is not None:
+            content = json.dumps(
+                {"name": message.stream_name, "text": self.merged_text}, ensure_ascii=False
+            ).encode()
+        if protocol is Protocol.V1:
+            parts = [message.raw_header, message.raw_parent_header, metadata, content]
+            return encode_v1(self.channel, [*parts, *message.buffers]), True
+        return encode_legacy(self.channel, message, metadata, content)
+
+
+def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
+    """Turn transcript records into frames, merging consecutive stream records.
+
+    Used for replay, where there is no reason to wait: every run of mergeable records
+    becomes one frame of at most ``max_bytes`` of text (a longer single record stays whole).
+    """
+    return merge_runs([Frame.from_record(record) for record in records], max_bytes)
+
+
+def merge_runs(frames: list[Frame], max_bytes: int) -> list[Frame]:
+    """Merge each run of mergeable frames into one frame of at most ``max_bytes``."""
+    merged: list[Frame] = []
+    run: list[Frame] = []
+    run_bytes = 0
+    for frame in frames:
+        if run and run[-1].can_merge(frame) and run_bytes + frame.size <= max_bytes:
+            run.append(frame)
+            run_bytes += frame.size
+            continue
+        if run:
+            merged.append(Frame.join(run))
+        run, run_bytes = [frame], frame.size
+    if run:
+        merged.append(Frame.join(run))
+    return merged

@@ -1,0 +1,236 @@
+"""Kernel messages as the gateway holds them: raw JSON parts plus a peeked header.
+
+The Jupyter messaging spec (https://jupyter-client.readthedocs.io/en/stable/messaging.html,
+"The Wire Protocol") sends a message over ZMQ as::
+
+    [identities..., b"<IDS|MSG>", signature, header, parent_header, metadata, content, buffers...]
+
+The gateway keeps the four JSON parts as the kernel sent them (``raw_*``) so they can be
+stored and forwarded without a re-encode, and parses only what routing needs: the
+header, the parent header's ``msg_id`` and, for ``stream`` messages, the content
+(name and text), which the coalescer and the transcript's text view use.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BadSignature, MalformedMessage
+
+__all__ = [
+    "DELIMITER",
+    "KernelMessage",
+    "Record",
+    "Signer",
+    "decode_zmq_message",
+    "split_identities",
+]
+
+DELIMITER = b"<IDS|MSG>"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelMessage:
+    """One Jupyter message, its JSON parts raw, its routing fields peeked.
+
+    ``stream_name`` and ``text`` are set only for ``stream`` messages. Don't
+    subclass this; build instances with :func:`decode_zmq_message` or
+    :meth:`from_parts`.
+    """
+
+    msg_type: str
+    msg_id: str
+    parent_msg_id: str | None
+    raw_header: bytes
+    raw_parent_header: bytes
+    raw_metadata: bytes
+    raw_content: bytes
+    buffers: tuple[bytes, ...] = ()
+    stream_name: str | None = None
+    text: str | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes on the wire, without framing: what queues and retention count."""
+        return (
+            len(self.raw_header)
+            + len(self.raw_parent_header)
+            + len(self.raw_metadata)
+            + len(self.raw_content)
+            + sum(len(b) for b in self.buffers)
+        )
+
+    @property
+    def is_stream(self) -> bool:
+        return self.stream_name is not None
+
+    def parts(self) -> list[bytes]:
+        """The message parts after the signature, in wire order."""
+        return [
+            self.raw_header,
+            self.raw_parent_header,
+            self.raw_metadata,
+            self.raw_content,
+            *self.buffers,
+        ]
+
+    def header(self) -> dict[str, Any]:
+        """The parsed header (parsed on each call; the hot path never needs it)."""
+        return _load_object(self.raw_header, "header")
+
+    def content(self) -> dict[str, Any]:
+        """The parsed content (parsed on each call)."""
+        return _load_object(self.raw_content, "content")
+
+    @classmethod
+    def synthesize(
+        cls,
+        msg_type: str,
+        content: dict[str, Any],
+        *,
+        msg_id: str,
+        date: str,
+        session: str,
+        username: str = "kernel_gateway_stream",
+    ) -> KernelMessage:
+        """A message the gateway itself publishes (a kernel's ``restarting`` / ``dead``
+        status, or a notice that retention discarded what a reader asked for)."""
+        header = {
+            "msg_id": msg_id,
+            "msg_type": msg_type,
+            "username": username,
+            "session": session,
+            "date": date,
+            "version": "5.3",
+        }
+        return cls.from_parts(
+            [json.dumps(header).encode(), b"{}", b"{}", json.dumps(content).encode()]
+        )
+
+    @classmethod
+    def from_parts(cls, parts: list[bytes]) -> KernelMessage:
+        """Build a message from ``[header, parent_header, metadata, content, *buffers]``.
+
+        Raises:
+            MalformedMessage: fewer than four parts, or a part that is not a JSON
+                object, or a header without ``msg_type`` / ``msg_id``.
+        """
+        if len(parts) < 4:
+            raise MalformedMessage(f"a message has at least 4 parts, got {len(parts)}")
+        raw_header, raw_parent, raw_metadata, raw_content = (bytes(p) for p in parts[:4])
+        header = _load_object(raw_header, "header")
+        msg_type = header.get("msg_type")
+        msg_id = header.get("msg_id")
+        if not isinstance(msg_type, str) or not isinstance(msg_id, str):
+            raise MalformedMessage("header needs string msg_type and msg_id")
+        parent_msg_id = _peek_msg_id(raw_parent)
+        stream_name = text = None
+        if msg_type == "stream":
+            content = _load_object(raw_content, "content")
+            name, value = content.get("name"), content.get("text")
+            if isinstance(name, str) and isinstance(value, str):
+                stream_name, text = name, value
+        return cls(
+            msg_type=msg_type,
+            msg_id=msg_id,
+            parent_msg_id=parent_msg_id,
+            raw_header=raw_header,
+            raw_parent_header=raw_parent,
+            raw_metadata=raw_metadata,
+            raw_content=raw_content,
+            buffers=tuple(bytes(b) for b in parts[4:]),
+            stream_name=stream_name,
+            text=text,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A kernel message with its place in the kernel's transcript.
+
+    ``seq`` is per kernel, strictly increasing and gap-free (DESIGN invariant 1);
+    ``time`` is when the gateway received it, in seconds since the epoch.
+    """
+
+    kernel_id: str
+    seq: int
+    time: float
+    message: KernelMessage
+
+
+class Signer:
+    """HMAC signing as the messaging spec defines it (``signature_scheme`` ``hmac-<digest>``).
+
+    An empty key disables signing, as in jupyter_client's ``Session``.
+    """
+
+    __slots__ = ("_digestmod", "_key")
+
+    def __init__(self, key: bytes, signature_scheme: str = "hmac-sha256") -> None:
+        scheme, _, digest = signature_scheme.partition("-")
+        if scheme != "hmac" or not digest:
+            raise ValueError(f"unsupported signature scheme {signature_scheme!r}")
+        self._key = key
+        self._digestmod = digest
+
+    def sign(self, parts: list[bytes]) -> bytes:
+        """The hex signature of the header, parent header, metadata and content."""
+        if not self._key:
+            return b""
+        mac = hmac.new(self._key, digestmod=self._digestmod)
+        for part in parts[:4]:
+            mac.update(part)
+        return mac.hexdigest().encode("ascii")
+
+    def verify(self, signature: bytes, parts: list[bytes]) -> None:
+        """Raises BadSignature unless ``signature`` signs ``parts``."""
+        if not self._key:
+            return
+        if not hmac.compare_digest(signature, self.sign(parts)):
+            raise BadSignature("message signature does not match the session key")
+
+
+def split_identities(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Split ZMQ frames at the ``<IDS|MSG>`` delimiter into (identities, rest).
+
+    Raises:
+        MalformedMessage: no delimiter.
+    """
+    for index, frame in enumerate(frames):
+        if frame == DELIMITER:
+            return frames[:index], frames[index + 1 :]
+    raise MalformedMessage("no <IDS|MSG> delimiter in message")
+
+
+def decode_zmq_message(frames: list[bytes], signer: Signer) -> KernelMessage:
+    """Decode a multipart ZMQ message from a kernel, verifying its signature.
+
+    Raises:
+        MalformedMessage: the frames do not form a message.
+        BadSignature: the signature does not match.
+    """
+    _, rest = split_identities(frames)
+    if len(rest) < 5:
+        raise MalformedMessage(f"expected a signature and 4 parts, got {len(rest)} frames")
+    signer.verify(rest[0], rest[1:5])
+    return KernelMessage.from_parts(rest[1:])
+
+
+def _load_object(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MalformedMessage(f"{what} is not valid JSON") from error
+    if not isinstance(value, dict):
+        raise MalformedMessage(f"{what} is not a JSON object")
+    return value
+
+
+def _peek_msg_id(raw_parent: bytes) -> str | None:
+    if raw_parent in (b"{}", b""):
+        return None
+    value = _load_object(raw_parent, "parent_header").get("msg_id")
+    return value if isinstance(value, str) else None

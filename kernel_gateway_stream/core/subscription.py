@@ -1,0 +1,129 @@
+"""A subscriber's outgoing queue and the policy for a subscriber that falls behind.
+
+Rules (DESIGN invariants 3 and 5):
+
+* Frames are queued by reference; the broker never waits for a subscriber. The queue
+  counts the bytes it holds.
+* An IOPub frame whose last sequence number the subscriber already has is dropped, so a
+  replay-to-live handoff never delivers a message twice.
+* :meth:`take` hands the writer everything queued, with consecutive mergeable stream
+  frames merged: the further behind a subscriber is, the harder it is coalesced.
+* A subscriber that holds more than ``max_bytes``, or whose oldest queued frame is older
+  than ``max_lag`` seconds, is over its limit: :meth:`offer` returns an
+  :class:`Overflow` naming the reason and the last sequence number it was sent, and the
+  adapter disconnects it. It can resume from the transcript with ``since``.
+* While ``holding`` (a replay from the transcript is being sent), live frames queue up
+  but :meth:`take` returns nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .frames import Frame, merge_runs
+
+__all__ = ["Overflow", "SubscriberQueue"]
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """Why a subscriber must be disconnected, and where it can resume from."""
+
+    reason: str
+    last_seq: int
+    queued_bytes: int
+
+
+class SubscriberQueue:
+    """One subscriber's bounded queue. Pure: time comes in as ``now``."""
+
+    __slots__ = (
+        "_frames",
+        "_queued_head",
+        "_times",
+        "holding",
+        "last_seq",
+        "max_bytes",
+        "max_lag",
+        "merge_max_bytes",
+        "overflow",
+        "queued_bytes",
+    )
+
+    def __init__(
+        self,
+        *,
+        since: int,
+        max_bytes: int = 32 * 1024 * 1024,
+        max_lag: float = 60.0,
+        merge_max_bytes: int = 1024 * 1024,
+        holding: bool = False,
+    ) -> None:
+        self._frames: deque[Frame] = deque()
+        self._times: deque[float] = deque()
+        #: The last IOPub sequence number handed to the writer (or replayed).
+        self.last_seq = since
+        self._queued_head = since
+        self.max_bytes = max_bytes
+        self.max_lag = max_lag
+        self.merge_max_bytes = merge_max_bytes
+        self.holding = holding
+        self.queued_bytes = 0
+        self.overflow: Overflow | None = None
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def offer(self, frame: Frame, now: float) -> Overflow | None:
+        """Queue ``frame``; return an Overflow if the subscriber is now over its limit.
+
+        Once an Overflow has been returned, every later offer returns it again and
+        queues nothing.
+        """
+        if self.overflow is not None:
+            return self.overflow
+        if frame.last_seq is not None:
+            if frame.last_seq <= self._queued_head:
+                return None
+            self._queued_head = frame.last_seq
+        self._frames.append(frame)
+        self._times.append(now)
+        self.queued_bytes += frame.size
+        if self.queued_bytes > self.max_bytes:
+            return self._overflow(f"slow consumer: more than {self.max_bytes} bytes queued")
+        if now - self._times[0] > self.max_lag:
+            return self._overflow(f"slow consumer: more than {self.max_lag:g} s behind")
+        return None
+
+    def start_after(self, seq: int) -> None:
+        """Position the queue after ``seq``: frames at or below it will not be queued."""
+        self.last_seq = seq
+        self._queued_head = max(self._queued_head, seq)
+
+    def take(self) -> list[Frame]:
+        """Everything the writer should send now, merged; empty while holding."""
+        if self.holding or not self._frames:
+            return []
+        frames = list(self._frames)
+        self._frames.clear()
+        self._times.clear()
+        self.queued_bytes = 0
+        if len(frames) > 1:
+            frames = merge_runs(frames, self.merge_max_bytes)
+        return frames
+
+    def sent(self, frames: list[Frame]) -> None:
+        """Record that ``frames`` (from :meth:`take` or a replay) were handed to the transport."""
+        for frame in reversed(frames):
+            if frame.last_seq is not None:
+                self.last_seq = max(self.last_seq, frame.last_seq)
+                self._queued_head = max(self._queued_head, self.last_seq)
+                return
+
+    def _overflow(self, reason: str) -> Overflow:
+        self.overflow = Overflow(reason, self.last_seq, self.queued_bytes)
+        self._frames.clear()
+        self._times.clear()
+        self.queued_bytes = 0
+        return self.overflow

@@ -1,0 +1,223 @@
+"""Jupyter's WebSocket wire formats, both directions, as pure functions.
+
+Two protocols exist (jupyter_server ``docs/source/developers/websocket-protocols.rst``):
+
+* **legacy**: a JSON text frame ``{"header", "parent_header", "metadata", "content",
+  "buffers", "channel", ...}``; a message with binary buffers is sent as a binary frame
+  ``[nbufs][offsets...][json][buffers...]`` with 32-bit big-endian integers.
+* **v1.kernel.websocket.jupyter.org**: a binary frame
+  ``[n][offset_0..offset_{n-1}][channel][header][parent_header][metadata][content][buffers...]``
+  with 64-bit little-endian integers; the JSON parts are the kernel's own bytes.
+
+Outgoing legacy JSON is assembled from the kernel's raw JSON parts by concatenation, so
+neither protocol re-encodes a message's content. The gateway's sequence number is added
+to ``metadata`` under :data:`SEQ_METADATA_KEY`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import MalformedMessage
+from .messages import KernelMessage
+
+__all__ = [
+    "CHANNELS",
+    "SEQ_METADATA_KEY",
+    "IncomingMessage",
+    "Protocol",
+    "decode_incoming",
+    "decode_legacy_binary",
+    "decode_v1",
+    "encode_legacy",
+    "encode_v1",
+    "metadata_with_seq",
+]
+
+#: ``metadata[SEQ_METADATA_KEY] == {"seq": last, "first_seq": first}`` on every IOPub
+#: message the gateway sends; ``first_seq < seq`` when stream messages were merged.
+SEQ_METADATA_KEY = "kernel_gateway_stream"
+
+CHANNELS = frozenset({"shell", "control", "stdin", "iopub"})
+
+
+class Protocol(enum.Enum):
+    """The WebSocket subprotocol a client speaks."""
+
+    LEGACY = ""
+    V1 = "v1.kernel.websocket.jupyter.org"
+
+    @classmethod
+    def from_subprotocol(cls, name: str | None) -> Protocol:
+        return cls.V1 if name == cls.V1.value else cls.LEGACY
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingMessage:
+    """A message a client sent, ready to be signed and sent to the kernel.
+
+    ``parts`` is ``[header, parent_header, metadata, content, *buffers]`` as JSON bytes.
+    """
+
+    channel: str
+    msg_type: str
+    parts: list[bytes]
+
+
+def metadata_with_seq(raw_metadata: bytes, first_seq: int, last_seq: int) -> bytes:
+    """``raw_metadata`` (a JSON object) with the sequence numbers spliced in, no re-encode."""
+    seq = b'"%s":{"seq":%d,"first_seq":%d}' % (SEQ_METADATA_KEY.encode(), last_seq, first_seq)
+    body = raw_metadata.strip()
+    if not body.endswith(b"}"):
+        raise MalformedMessage("metadata is not a JSON object")
+    inner = body[:-1].rstrip()
+    if inner == b"{":
+        return b"{" + seq + b"}"
+    return inner + b"," + seq + b"}"
+
+
+def encode_v1(channel: str, parts: list[bytes]) -> bytes:
+    """Frame ``parts`` for the v1 protocol."""
+    channel_bytes = channel.encode()
+    count = 1 + 1 + len(parts) + 1  # the count itself, the channel, each part, the end
+    offsets = [8 * count]
+    offsets.append(offsets[-1] + len(channel_bytes))
+    for part in parts:
+        offsets.append(offsets[-1] + len(part))
+    header = struct.pack("<%dQ" % (len(offsets) + 1), len(offsets), *offsets)
+    return b"".join([header, channel_bytes, *parts])
+
+
+def decode_v1(data: bytes) -> tuple[str, list[bytes]]:
+    """Parse a v1 frame into ``(channel, parts)``.
+
+    Raises:
+        MalformedMessage: truncated, offsets out of order or out of bounds.
+    """
+    if len(data) < 8:
+        raise MalformedMessage("v1 frame shorter than its offset count")
+    (count,) = struct.unpack_from("<Q", data, 0)
+    if count < 2 or 8 * (count + 1) > len(data):
+        raise MalformedMessage(f"v1 frame has a bad offset count {count}")
+    offsets = struct.unpack_from("<%dQ" % count, data, 8)
+    if offsets[0] != 8 * (count + 1) or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise MalformedMessage("v1 frame offsets are out of order")
+    if offsets[-1] > len(data):
+        raise MalformedMessage("v1 frame offsets past its end")
+    try:
+        channel = data[offsets[0] : offsets[1]].decode()
+    except UnicodeDecodeError as error:
+        raise MalformedMessage("v1 channel name is not UTF-8") from error
+    parts = [data[offsets[i] : offsets[i + 1]] for i in range(1, len(offsets) - 1)]
+    return channel, parts
+
+
+def encode_legacy(
+    channel: str, message: KernelMessage, raw_metadata: bytes, raw_content: bytes
+) -> tuple[bytes, bool]:
+    """Encode a message for a legacy client; returns ``(payload, is_binary)``.
+
+    The JSON is assembled from the raw parts; ``msg_id`` / ``msg_type`` are repeated at
+    the top level as ``Session.deserialize`` does.
+    """
+    body = b"".join(
+        [
+            b'{"header":',
+            message.raw_header,
+            b',"parent_header":',
+            message.raw_parent_header,
+            b',"metadata":',
+            raw_metadata,
+            b',"content":',
+            raw_content,
+            b',"msg_id":',
+            json.dumps(message.msg_id).encode(),
+            b',"msg_type":',
+            json.dumps(message.msg_type).encode(),
+            b',"channel":',
+            json.dumps(channel).encode(),
+        ]
+    )
+    if not message.buffers:
+        return body + b',"buffers":[]}', False
+    # jupyter_server base.serialize_binary_message: the JSON without "buffers", then each buffer.
+    chunks = [body + b"}", *message.buffers]
+    offsets = [4 * (len(chunks) + 1)]
+    for chunk in chunks[:-1]:
+        offsets.append(offsets[-1] + len(chunk))
+    return struct.pack("!%dI" % (len(chunks) + 1), len(chunks), *offsets) + b"".join(chunks), True
+
+
+def decode_legacy_binary(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    """Parse a legacy binary frame into ``(message_json, buffers)``.
+
+    Raises:
+        MalformedMessage: truncated or inconsistent offsets, or JSON that is not an object.
+    """
+    if len(data) < 4:
+        raise MalformedMessage("binary frame shorter than its buffer count")
+    (count,) = struct.unpack_from("!I", data, 0)
+    if count < 1 or 4 * (count + 1) > len(data):
+        raise MalformedMessage(f"binary frame has a bad buffer count {count}")
+    offsets = [*struct.unpack_from("!%dI" % count, data, 4), len(data)]
+    if any(b < a for a, b in zip(offsets, offsets[1:])) or offsets[0] < 4 * (count + 1):
+        raise MalformedMessage("binary frame offsets are out of order")
+    chunks = [data[a:b] for a, b in zip(offsets, offsets[1:])]
+    message = _json_object(chunks[0], "message")
+    return message, chunks[1:]
+
+
+def decode_incoming(data: bytes | str, protocol: Protocol) -> IncomingMessage:
+    """Parse what a client sent on the channels WebSocket.
+
+    Raises:
+        MalformedMessage: not a message of ``protocol``, an unknown channel, or a header
+            without ``msg_type``.
+    """
+    if protocol is Protocol.V1:
+        if isinstance(data, str):
+            raise MalformedMessage("v1 clients send binary frames")
+        channel, parts = decode_v1(data)
+        if len(parts) < 4:
+            raise MalformedMessage(f"a message has at least 4 parts, got {len(parts)}")
+        header = _json_object(parts[0], "header")
+    else:
+        if isinstance(data, bytes):
+            message, buffers = decode_legacy_binary(data)
+        else:
+            message, buffers = _json_object(data, "message"), []
+        channel = message.get("channel") or "shell"
+        header = message.get("header")
+        if not isinstance(header, dict):
+            raise MalformedMessage("message has no header object")
+        parts = [
+            _dumps(header),
+            _dumps(message.get("parent_header") or {}),
+            _dumps(message.get("metadata") or {}),
+            _dumps(message.get("content") or {}),
+            *buffers,
+        ]
+    if channel not in CHANNELS - {"iopub"}:
+        raise MalformedMessage(f"clients may not send on channel {channel!r}")
+    msg_type = header.get("msg_type")
+    if not isinstance(msg_type, str) or not isinstance(header.get("msg_id"), str):
+        raise MalformedMessage("header needs string msg_type and msg_id")
+    return IncomingMessage(channel=channel, msg_type=msg_type, parts=parts)
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _json_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MalformedMessage(f"{what} is not valid JSON") from error
+    if not isinstance(value, dict):
+        raise MalformedMessage(f"{what} is not a JSON object")
+    return value

@@ -1,0 +1,6 @@
+"""Tornado handlers: the channels WebSocket and the transcript REST API."""
+
+from .channels import ChannelsHandler, StreamChannelsConnection
+from .transcript import TranscriptHandler
+
+__all__ = ["ChannelsHandler", "StreamChannelsConnection", "TranscriptHandler"]

@@ -1,0 +1,272 @@
+"""``/api/kernels/{id}/channels``: a drop-in for jupyter_server's kernel WebSocket.
+
+Shell, control and stdin work as in jupyter_server: each connection has its own
+DEALER sockets with the client's session identity, so replies and ``input_request``
+reach the client that asked. IOPub does not come from a socket of the connection's own:
+it comes from the broker, coalesced and never dropped, replayed from the transcript on
+resume. Each IOPub message carries ``metadata["kernel_gateway_stream"]["seq"]``.
+
+Resume: ``?since=SEQ`` sends every IOPub message after SEQ, then live. Without it, a
+client reconnecting with a ``session_id`` it used before gets what that session missed.
+
+Close codes (RFC 6455 section 7.4.2 reserves 4000-4999 for applications):
+
+====  =========================================================================
+1007  a frame that is not a Jupyter message of the negotiated protocol
+1001  the kernel shut down
+4008  too slow: the reason says ``last_seq``, resume with ``?since=last_seq``
+====  =========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, ClassVar
+
+from jupyter_server.auth.decorator import ws_authenticated
+from jupyter_server.services.kernels.connection.base import BaseKernelWebsocketConnection
+from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
+from tornado.iostream import StreamClosedError
+from tornado.websocket import WebSocketClosedError
+
+from ..broker.base import Subscriber, TransportClosed
+from ..core.errors import (
+    LocalError,
+    MalformedMessage,
+    RemoteError,
+    SequenceAhead,
+    UnknownKernel,
+)
+from ..core.frames import Frame
+from ..core.messages import KernelMessage, Signer, split_identities
+from ..core.subscription import Overflow, SubscriberQueue
+from ..core.wire import Protocol, decode_incoming
+from .common import SETTINGS_KEY, Services, parse_seq
+
+__all__ = [
+    "CLOSE_KERNEL_GONE",
+    "CLOSE_MALFORMED",
+    "CLOSE_SLOW",
+    "ChannelsHandler",
+    "StreamChannelsConnection",
+    "close_subscribers",
+]
+
+CLOSE_MALFORMED = 1007
+CLOSE_KERNEL_GONE = 1001
+CLOSE_SLOW = 4008
+
+
+class StreamChannelsConnection(BaseKernelWebsocketConnection):
+    """One client's channels connection; ``ServerApp.kernel_websocket_connection_class``."""
+
+    #: Open connections by ``kernel_id:session_id``, to replace a stale one on reconnect.
+    _open_sessions: ClassVar[dict[str, StreamChannelsConnection]] = {}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.channels: dict[str, Any] = {}
+        self.subscriber: Subscriber | None = None
+        self._held: list[tuple[str, list[bytes]]] = []
+        self._closed = False
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.websocket_handler.settings[SETTINGS_KEY]
+        return services
+
+    @property
+    def protocol(self) -> Protocol:
+        return Protocol.from_subprotocol(self.websocket_handler.selected_subprotocol)
+
+    @property
+    def session_key(self) -> str:
+        return f"{self.kernel_id}:{self.session_id}"
+
+    async def prepare(self) -> None:
+        """Before the upgrade: make sure the kernel is tapped and its IOPub subscription live."""
+        self.tap = await self.services.taps.ensure(self.kernel_id)
+        self.session.key = self.kernel_manager.session.key
+        self.signer = Signer(self.kernel_manager.session.key, self.session.signature_scheme)
+        await self.tap.ready
+
+    async def connect(self) -> None:
+        stale = self._open_sessions.get(self.session_key)
+        if stale is not None:
+            self.log.warning("Replacing stale connection %s", self.session_key)
+            stale.websocket_handler.close()
+            stale.disconnect()
+        self._open_sessions[self.session_key] = self
+        since = self.websocket_handler.since
+        if since is None and self.websocket_handler.get_argument("session_id", None):
+            since = await self.services.store.load_cursor(self.kernel_id, self.session_id)
+            if since is not None:
+                since = min(since, self.tap.head)
+        identity = self.session.bsession
+        for channel in ("shell", "control", "stdin"):
+            stream = getattr(self.kernel_manager, "connect_" + channel)(identity=identity)
+            stream.channel = channel
+            stream.on_recv_stream(self.handle_outgoing_message)
+            self.channels[channel] = stream
+        options = self.services.subscriber_options
+        queue = SubscriberQueue(
+            since=since or 0,
+            max_bytes=options["max_bytes"],
+            max_lag=options["max_lag"],
+            merge_max_bytes=options["merge_max_bytes"],
+        )
+        self.subscriber = Subscriber(
+            self.kernel_id, self.services.broker, self.services.store, self, queue
+        )
+        self.multi_kernel_manager.notify_connect(self.kernel_id)
+        try:
+            await self.subscriber.start(since)
+        except SequenceAhead as error:
+            self._close(4400, {"reason": error.reason, "head": error.head})
+
+    def disconnect(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._open_sessions.get(self.session_key) is self:
+            del self._open_sessions[self.session_key]
+        self.multi_kernel_manager.notify_disconnect(self.kernel_id)
+        if self.subscriber is not None:
+            self.subscriber.close()
+            self.services.store.save_cursor(
+                self.kernel_id, self.session_id, self.subscriber.last_seq
+            )
+        for stream in self.channels.values():
+            if not stream.closed():
+                stream.on_recv(None)
+                stream.close()
+        self.channels = {}
+
+    # -- client -> kernel ----------------------------------------------------------
+
+    def handle_incoming_message(self, incoming_msg: Any) -> None:
+        if self._closed:
+            return
+        try:
+            message = decode_incoming(incoming_msg, self.protocol)
+        except MalformedMessage as error:
+            self.log.warning("Closing %s: %s", self.session_key, error)
+            self._close(CLOSE_MALFORMED, {"reason": "malformed_message", "message": str(error)})
+            return
+        allowed = self.multi_kernel_manager.allowed_message_types
+        if allowed and message.msg_type not in allowed:
+            self.log.warning("Ignoring message of type %r, not allowed", message.msg_type)
+            return
+        if self.tap.ready.done() and not self._held:
+            self._send(message.channel, message.parts)
+            return
+        # The Tap is resubscribing after a restart: hold requests until it sees IOPub, so
+        # the output they cause is recorded.
+        if not self._held:
+            self.tap.ready.add_done_callback(self._release_held)
+        self._held.append((message.channel, message.parts))
+
+    def _release_held(self, _: Any) -> None:
+        held, self._held = self._held, []
+        for channel, parts in held:
+            self._send(channel, parts)
+
+    def _send(self, channel: str, parts: list[bytes]) -> None:
+        stream = self.channels.get(channel)
+        if stream is not None and not stream.closed():
+            self.session.send_raw(stream, parts)
+
+    # -- kernel -> client (shell, control, stdin replies) ------------------------------
+
+    def handle_outgoing_message(self, stream: Any, outgoing_msg: list[Any]) -> None:
+        if self.subscriber is None or self._closed:
+            return
+        try:
+            _, rest = split_identities([bytes(part) for part in outgoing_msg])
+            if len(rest) < 5:
+                raise MalformedMessage("reply too short")
+            self.signer.verify(rest[0], rest[1:5])
+            message = KernelMessage.from_parts(rest[1:])
+        except RemoteError as error:
+            self.log.warning("Dropped an invalid %s reply: %s", stream.channel, error)
+            return
+        self.subscriber.reply(Frame.reply(stream.channel, message), time.monotonic())
+
+    # -- Transport, for the Subscriber ------------------------------------------------
+
+    async def send(self, frames: list[Frame]) -> None:
+        protocol = self.protocol
+        handler = self.websocket_handler
+        pending = None
+        try:
+            for frame in frames:
+                payload, binary = frame.encode(protocol)
+                pending = handler.write_message(payload, binary=binary)
+            if pending is not None:
+                await pending
+        except (WebSocketClosedError, StreamClosedError) as error:
+            raise TransportClosed from error
+
+    def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
+        message = KernelMessage.synthesize(
+            "kernel_gateway_stream_discarded",
+            {"first_seq": first_seq, "last_seq": last_seq, "reason": "retention"},
+            msg_id=f"discarded-{first_seq}-{last_seq}",
+            date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            session=self.session_id or "",
+        )
+        return Frame.reply("iopub", message)
+
+    def overflowed(self, overflow: Overflow) -> None:
+        self.log.warning(
+            "Disconnecting %s: %s (last seq %s)", self.session_key, overflow.reason, overflow.last_seq
+        )
+        self._close(CLOSE_SLOW, {"reason": "slow_consumer", "last_seq": overflow.last_seq})
+
+    def kernel_gone(self) -> None:
+        self._close(CLOSE_KERNEL_GONE, {"reason": "kernel_shutdown"})
+
+    def _close(self, code: int, reason: dict[str, Any]) -> None:
+        text = json.dumps(reason, separators=(",", ":"))
+        self.websocket_handler.close(code, text[:123])
+
+
+class ChannelsHandler(KernelWebsocketHandler):
+    """jupyter_server's kernel WebSocket handler, validating before the upgrade.
+
+    An unknown kernel gets 404 and a bad ``since`` 400, with a JSON reason, instead of a
+    WebSocket that opens and breaks.
+    """
+
+    since: int | None = None
+
+    @ws_authenticated
+    async def get(self, kernel_id: str) -> None:  # type: ignore[override]
+        services: Services = self.settings[SETTINGS_KEY]
+        try:
+            self.since = parse_seq("since", self.get_argument("since", None))
+            if kernel_id not in self.kernel_manager:
+                raise UnknownKernel(kernel_id)
+            tap = await services.taps.ensure(kernel_id)
+            if self.since is not None and self.since > tap.head:
+                raise SequenceAhead(self.since, tap.head)
+        except LocalError as error:
+            self.set_status(error.status)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps(error.to_json()))
+            return
+        await super().get(kernel_id)
+
+    def on_close(self) -> None:
+        if self.connection is not None:
+            self.connection.disconnect()
+            self.connection = None
+
+
+def close_subscribers(kernel_id: str, subscribers: list[Subscriber]) -> None:
+    """TapManager ``on_close`` callback: tell connected clients their kernel is gone."""
+    for subscriber in subscribers:
+        subscriber.close()
+        subscriber.transport.kernel_gone()
+

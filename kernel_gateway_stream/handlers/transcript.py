@@ -1,0 +1,126 @@
+"""``GET /api/kernels/{id}/transcript``: a kernel's recorded IOPub messages.
+
+Parameters: ``since`` (records after this seq; default 0), ``limit`` (default 1000, at
+most 10000), ``parent`` (one execution's msg_id), ``msg_type`` (repeatable), and
+``format`` (``json``, the default, or ``text``: the stdout/stderr text in order, every
+page of it). Works after the kernel has shut down, while its transcript is kept.
+"""
+
+from __future__ import annotations
+
+import json
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from ..core.errors import BadRequest, LocalError, UnknownKernel
+from ..core.messages import Record
+from ..stores.base import TranscriptPage
+from .common import SETTINGS_KEY, Services, parse_seq
+
+__all__ = ["TranscriptHandler", "record_json"]
+
+MAX_LIMIT = 10000
+
+
+def record_json(record: Record) -> bytes:
+    """One record as JSON, assembled from the kernel's raw parts (no re-encode)."""
+    message = record.message
+    return b"".join(
+        [
+            b'{"seq":%d,"time":%s,"msg_type":' % (record.seq, repr(record.time).encode()),
+            json.dumps(message.msg_type).encode(),
+            b',"msg_id":',
+            json.dumps(message.msg_id).encode(),
+            b',"parent_msg_id":',
+            json.dumps(message.parent_msg_id).encode(),
+            b',"header":',
+            message.raw_header,
+            b',"parent_header":',
+            message.raw_parent_header,
+            b',"metadata":',
+            message.raw_metadata,
+            b',"content":',
+            message.raw_content,
+            b',"buffers":%d}' % len(message.buffers),
+        ]
+    )
+
+
+class TranscriptHandler(APIHandler):
+    """Reads of a kernel's transcript."""
+
+    auth_resource = "kernels"
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.settings[SETTINGS_KEY]
+        return services
+
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        try:
+            await self._get(kernel_id)
+        except LocalError as error:
+            self.set_status(error.status)
+            self.finish(json.dumps(error.to_json()))
+
+    async def _get(self, kernel_id: str) -> None:
+        since = parse_seq("since", self.get_argument("since", None)) or 0
+        limit = parse_seq("limit", self.get_argument("limit", None))
+        limit = 1000 if limit is None else limit
+        if not 1 <= limit <= MAX_LIMIT:
+            raise BadRequest(f"limit must be between 1 and {MAX_LIMIT}")
+        output = self.get_argument("format", "json")
+        if output not in ("json", "text"):
+            raise BadRequest("format must be 'json' or 'text'")
+        parent = self.get_argument("parent", None) or None
+        msg_types = self.get_arguments("msg_type") or None
+        store = self.services.store
+        running = kernel_id in self.kernel_manager
+        info = await store.info(kernel_id)
+        if info is None and not running:
+            raise UnknownKernel(kernel_id)
+        if info is not None and since > info.head:
+            raise BadRequest(f"since={since} is ahead of the transcript head {info.head}")
+        if output == "text":
+            await self._text(kernel_id, since, parent)
+            return
+        page = await store.read(kernel_id, since, limit, parent=parent, msg_types=msg_types)
+        self._json(kernel_id, page, since, running)
+
+    def _json(self, kernel_id: str, page: TranscriptPage, since: int, running: bool) -> None:
+        next_since = page.records[-1].seq if page.records else max(since, page.first_seq - 1)
+        discarded = (
+            {"first_seq": page.discarded[0], "last_seq": page.discarded[1]}
+            if page.discarded
+            else None
+        )
+        head = json.dumps(
+            {
+                "kernel_id": kernel_id,
+                "running": running,
+                "head": page.head,
+                "first_seq": page.first_seq,
+                "next_since": next_since,
+                "discarded": discarded,
+            }
+        ).encode()
+        body = b",".join(record_json(record) for record in page.records)
+        self.set_header("Content-Type", "application/json")
+        self.finish(head[:-1] + b',"records":[' + body + b"]}")
+
+    async def _text(self, kernel_id: str, since: int, parent: str | None) -> None:
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        cursor = since
+        while True:
+            page = await self.services.store.read(
+                kernel_id, cursor, MAX_LIMIT, parent=parent, msg_types=("stream",)
+            )
+            if not page.records:
+                break
+            self.write("".join(record.message.text or "" for record in page.records))
+            cursor = page.records[-1].seq
+        self.finish()

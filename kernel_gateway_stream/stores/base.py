@@ -1,0 +1,118 @@
+"""The TranscriptStore contract.
+
+A store keeps, per kernel, every :class:`~kernel_gateway_stream.core.messages.Record`
+the Tap numbered, and serves ranges of them back by sequence number. The Tap is the
+only writer; handlers and subscriptions read. Implementations: SQLite (the embedded
+default); a Redis Streams store can follow for several nodes.
+"""
+
+from __future__ import annotations
+
+from abc import ABCMeta, abstractmethod
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from traitlets.config import LoggingConfigurable
+
+from ..core.messages import Record
+
+__all__ = ["TranscriptInfo", "TranscriptPage", "TranscriptStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptInfo:
+    """What a store knows of one kernel's transcript."""
+
+    kernel_id: str
+    #: The lowest sequence number still kept (``head + 1`` when nothing is kept).
+    first_seq: int
+    #: The last sequence number recorded (0: none).
+    head: int
+    started: float | None
+    #: When the kernel shut down, or None while it runs (or if the gateway died first).
+    ended: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptPage:
+    """A page of records, in sequence order, and where the transcript stands."""
+
+    records: list[Record]
+    head: int
+    first_seq: int
+    #: ``(from_seq, to_seq)``, inclusive, when the reader asked for records that
+    #: retention already discarded; None otherwise.
+    discarded: tuple[int, int] | None = None
+
+
+class _StoreMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
+    pass
+
+
+class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):
+    """Durable, per-kernel, sequence-numbered IOPub transcripts.
+
+    The application creates one store (its class is ``GatewayStreamApp.transcript_store_class``),
+    calls :meth:`open` before any kernel is tapped and :meth:`close` at shutdown. Methods
+    without ``async`` are called on the event loop and must not block it.
+    """
+
+    @abstractmethod
+    def open(self) -> None:
+        """Prepare storage. Called once by the application at start-up, before any Tap."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Make everything appended durable and release resources. Called once at shutdown."""
+
+    @abstractmethod
+    def append(self, record: Record) -> None:
+        """Take one record. Called by the Tap on the event loop for every IOPub message,
+        in sequence order; must return at once (write off the loop) and must make the
+        record visible to :meth:`read` immediately, even before it is durable."""
+
+    @abstractmethod
+    def kernel_started(self, kernel_id: str, now: float) -> None:
+        """Called by the Tap when it starts tapping a kernel (also after a gateway restart)."""
+
+    @abstractmethod
+    def kernel_ended(self, kernel_id: str, now: float) -> None:
+        """Called by the Tap when its kernel shuts down; starts the keep-after-shutdown clock."""
+
+    @abstractmethod
+    async def head(self, kernel_id: str) -> int:
+        """The last sequence number recorded for ``kernel_id`` (0 if none). Called by the
+        Tap when it starts, so numbering continues after a restart (DESIGN invariant 1)."""
+
+    @abstractmethod
+    async def info(self, kernel_id: str) -> TranscriptInfo | None:
+        """What is known of ``kernel_id``'s transcript, or None if nothing. Called by
+        handlers to tell a kept transcript from an unknown kernel."""
+
+    @abstractmethod
+    async def read(
+        self,
+        kernel_id: str,
+        since: int,
+        limit: int,
+        *,
+        until: int | None = None,
+        parent: str | None = None,
+        msg_types: Collection[str] | None = None,
+    ) -> TranscriptPage:
+        """Up to ``limit`` records with ``since < seq <= until`` in order, optionally only
+        those whose parent ``msg_id`` is ``parent`` and whose type is in ``msg_types``.
+        Called by handlers (REST reads) and subscriptions (replay)."""
+
+    @abstractmethod
+    async def flush(self) -> None:
+        """Return once every record appended so far is durable. Called at shutdown and by tests."""
+
+    @abstractmethod
+    def save_cursor(self, kernel_id: str, session_id: str, seq: int) -> None:
+        """Remember the last sequence number sent to a client session. Called by the
+        channels connection when it closes; must not block."""
+
+    @abstractmethod
+    async def load_cursor(self, kernel_id: str, session_id: str) -> int | None:
+        """The cursor saved for this session, or None. Called when a session reconnects."""

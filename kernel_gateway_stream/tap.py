@@ -1,0 +1,328 @@
+"""The Tap: the gateway's one reader of each kernel's IOPub channel.
+
+One :class:`KernelTap` per kernel lives from kernel start to shutdown, owned by the
+gateway and independent of clients, so output is recorded with nobody watching. For each
+message it receives it assigns the next sequence number, appends the record to the
+transcript store and publishes it to the broker (DESIGN invariants 1, 2 and 4).
+
+ZMQ details that matter here:
+
+* **Slow joiner.** A SUB socket misses whatever its PUB publishes before the subscription
+  reaches it. The Tap therefore sends ``kernel_info_request`` on a shell socket of its own
+  until an IOPub message arrives, and only then reports ready; client connections and the
+  execute API wait for that before they send the kernel anything.
+* **No drops.** The SUB socket's receive high-water mark is 0 (unbounded), so the kernel's
+  PUB socket never drops a message because the gateway fell behind for a moment.
+
+:class:`TapManager` keeps one Tap per kernel of the server's kernel manager, following
+jupyter_server's ``kernel_actions`` events and reconciling periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+import uuid
+from typing import Any
+
+import zmq
+from jupyter_client.session import Session
+from tornado.ioloop import PeriodicCallback
+from traitlets import Float
+from traitlets.config import LoggingConfigurable
+from zmq.eventloop.zmqstream import ZMQStream
+
+from .broker.base import Broker, Subscriber
+from .core.errors import RemoteError, UnknownKernel
+from .core.messages import KernelMessage, Signer, decode_zmq_message
+from .core.sequencer import Sequencer
+from .stores.base import TranscriptStore
+
+__all__ = ["KERNEL_ACTIONS_SCHEMA", "KernelTap", "TapManager"]
+
+KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
+
+
+def _channel_url(info: dict[str, Any], channel: str) -> str:
+    port = info[f"{channel}_port"]
+    if info.get("transport", "tcp") == "ipc":
+        return f"ipc://{info['ip']}-{port}"
+    return f"tcp://{info['ip']}:{port}"
+
+
+class KernelTap:
+    """Reads one kernel's IOPub for the gateway. Created and driven by :class:`TapManager`."""
+
+    def __init__(
+        self,
+        kernel_id: str,
+        kernel_manager: Any,
+        store: TranscriptStore,
+        broker: Broker,
+        manager: TapManager,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.kernel_manager = kernel_manager
+        self.store = store
+        self.broker = broker
+        self.manager = manager
+        self.log = manager.log
+        self.session = Session(
+            key=kernel_manager.session.key,
+            signature_scheme=kernel_manager.session.signature_scheme,
+            username="kernel_gateway_stream",
+        )
+        self.signer = Signer(kernel_manager.session.key, kernel_manager.session.signature_scheme)
+        self.sequencer = Sequencer(kernel_id)
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.received = 0
+        self.rejected = 0
+        self._iopub: ZMQStream | None = None
+        self._nudger: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def head(self) -> int:
+        return self.sequencer.head
+
+    async def start(self) -> None:
+        """Number from the store's head, subscribe, and start nudging until ready."""
+        self.sequencer.head = await self.store.head(self.kernel_id)
+        self.broker.open_kernel(self.kernel_id, self.sequencer.head)
+        self.store.kernel_started(self.kernel_id, time.time())
+        self._connect()
+        self.kernel_manager.add_restart_callback(self._on_auto_restart, "restart")
+        self.kernel_manager.add_restart_callback(self._on_dead, "dead")
+
+    def _connect(self) -> None:
+        info = self.kernel_manager.get_connection_info()
+        socket = self.manager.context.socket(zmq.SUB)
+        socket.setsockopt(zmq.RCVHWM, 0)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        socket.connect(_channel_url(info, "iopub"))
+        self._iopub = ZMQStream(socket)
+        self._iopub.on_recv(self._on_iopub)
+        if self.ready.done():
+            self.ready = asyncio.get_running_loop().create_future()
+        self._nudger = asyncio.ensure_future(self._nudge(info))
+
+    async def _nudge(self, info: dict[str, Any]) -> None:
+        """Send kernel_info_request until IOPub proves the subscription is live."""
+        shell = self.manager.context.socket(zmq.DEALER)
+        shell.setsockopt(zmq.LINGER, 0)
+        shell.connect(_channel_url(info, "shell"))
+        ready = self.ready
+        deadline = time.monotonic() + self.manager.ready_timeout
+        try:
+            while not ready.done():
+                self.session.send(shell, "kernel_info_request")
+                try:
+                    await asyncio.wait_for(asyncio.shield(ready), self.manager.nudge_interval)
+                except asyncio.TimeoutError:
+                    if time.monotonic() > deadline:
+                        self.log.warning(
+                            "No IOPub message from kernel %s in %.0f s; going on unconfirmed",
+                            self.kernel_id,
+                            self.manager.ready_timeout,
+                        )
+                        ready.set_result(None)
+        finally:
+            shell.close(linger=0)
+
+    def _on_iopub(self, frames: list[bytes]) -> None:
+        if not self.ready.done():
+            self.ready.set_result(None)
+        try:
+            message = decode_zmq_message(frames, self.signer)
+        except RemoteError as error:
+            self.rejected += 1
+            self.log.warning("Dropped an invalid IOPub message from %s: %s", self.kernel_id, error)
+            return
+        self._record(message)
+
+    def _record(self, message: KernelMessage) -> None:
+        self.received += 1
+        record = self.sequencer.assign(message, time.time())
+        self.store.append(record)
+        self.broker.publish(record)
+
+    def publish_status(self, execution_state: str) -> None:
+        """Record a status the kernel cannot send itself (``restarting``, ``dead``)."""
+        self._drain()
+        message = KernelMessage.synthesize(
+            "status",
+            {"execution_state": execution_state},
+            msg_id=str(uuid.uuid4()),
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            session=self.session.session,
+        )
+        self._record(message)
+
+    def _drain(self) -> None:
+        """Read whatever IOPub messages are already queued on the socket."""
+        if self._iopub is not None and not self._iopub.closed():
+            self._iopub.flush()
+
+    def _disconnect(self) -> None:
+        if self._nudger is not None:
+            self._nudger.cancel()
+            self._nudger = None
+        if self._iopub is not None:
+            self._drain()
+            self._iopub.close(linger=0)
+            self._iopub = None
+
+    def reconnect(self) -> None:
+        """After a restart: resubscribe (the ports may have changed) and nudge again."""
+        if self._closed:
+            return
+        self._disconnect()
+        self._connect()
+
+    def _on_auto_restart(self) -> None:
+        self.publish_status("restarting")
+        self.reconnect()
+
+    def _on_dead(self) -> None:
+        self.publish_status("dead")
+
+    def close(self) -> list[Subscriber]:
+        """Stop tapping (the kernel shut down). Returns the subscribers that were attached."""
+        if self._closed:
+            return []
+        self._closed = True
+        self._disconnect()
+        for callback, event in ((self._on_auto_restart, "restart"), (self._on_dead, "dead")):
+            try:
+                self.kernel_manager.remove_restart_callback(callback, event)
+            except ValueError:
+                pass
+        if not self.ready.done():
+            self.ready.set_result(None)
+        self.store.kernel_ended(self.kernel_id, time.time())
+        return self.broker.close_kernel(self.kernel_id)
+
+
+class TapManager(LoggingConfigurable):
+    """Keeps exactly one Tap per kernel that the server's kernel manager runs."""
+
+    nudge_interval = Float(
+        0.25,
+        config=True,
+        help="Seconds between kernel_info_requests while a Tap waits for its first IOPub message.",
+    )
+    ready_timeout = Float(
+        60.0,
+        config=True,
+        help="Seconds a Tap waits for its first IOPub message before it reports ready anyway.",
+    )
+    reconcile_interval = Float(
+        5.0,
+        config=True,
+        help="Seconds between checks that every running kernel has a Tap and every Tap a kernel "
+        "(catches kernels started or removed without an event, such as external kernels).",
+    )
+
+    def __init__(
+        self, kernel_manager: Any, store: TranscriptStore, broker: Broker, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.kernel_manager = kernel_manager
+        self.store = store
+        self.broker = broker
+        self.context = zmq.Context()
+        self.taps: dict[str, KernelTap] = {}
+        self._starting: dict[str, asyncio.Future[KernelTap]] = {}
+        self._on_close: list[Any] = []
+        self._reconciler: PeriodicCallback | None = None
+
+    def start(self) -> None:
+        """Begin reconciling. Called by the application once the loop runs."""
+        self._reconciler = PeriodicCallback(self.reconcile, self.reconcile_interval * 1000)
+        self._reconciler.start()
+
+    def on_close(self, callback: Any) -> None:
+        """Register ``callback(kernel_id, subscribers)``, called when a Tap closes."""
+        self._on_close.append(callback)
+
+    async def ensure(self, kernel_id: str) -> KernelTap:
+        """The Tap of a running kernel, started if need be (not necessarily ready yet).
+
+        Raises:
+            UnknownKernel: the kernel manager does not run ``kernel_id``.
+        """
+        tap = self.taps.get(kernel_id)
+        if tap is not None:
+            return tap
+        starting = self._starting.get(kernel_id)
+        if starting is not None:
+            return await asyncio.shield(starting)
+        if kernel_id not in self.kernel_manager:
+            raise UnknownKernel(kernel_id)
+        future: asyncio.Future[KernelTap] = asyncio.get_running_loop().create_future()
+        self._starting[kernel_id] = future
+        try:
+            tap = KernelTap(
+                kernel_id, self.kernel_manager.get_kernel(kernel_id), self.store, self.broker, self
+            )
+            await tap.start()
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            del self._starting[kernel_id]
+        self.taps[kernel_id] = tap
+        future.set_result(tap)
+        self.log.info("Tapping kernel %s from seq %s", kernel_id, tap.head + 1)
+        return tap
+
+    def close_tap(self, kernel_id: str) -> None:
+        tap = self.taps.pop(kernel_id, None)
+        if tap is None:
+            return
+        subscribers = tap.close()
+        self.log.info("Stopped tapping kernel %s at seq %s", kernel_id, tap.head)
+        for callback in self._on_close:
+            callback(kernel_id, subscribers)
+
+    async def on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
+        """jupyter_events listener for jupyter_server's kernel_actions events."""
+        kernel_id = data.get("kernel_id")
+        if data.get("status") != "success" or not kernel_id:
+            return
+        action = data.get("action")
+        if action == "start":
+            await self._ensure_logged(kernel_id)
+        elif action == "shutdown":
+            self.close_tap(kernel_id)
+        elif action == "restart":
+            tap = self.taps.get(kernel_id)
+            if tap is not None:
+                tap.reconnect()
+
+    async def reconcile(self) -> None:
+        running = set(self.kernel_manager.list_kernel_ids())
+        for kernel_id in list(self.taps):
+            if kernel_id not in running:
+                self.close_tap(kernel_id)
+        for kernel_id in running - set(self.taps):
+            await self._ensure_logged(kernel_id)
+
+    async def _ensure_logged(self, kernel_id: str) -> None:
+        try:
+            await self.ensure(kernel_id)
+        except UnknownKernel:
+            pass
+        except Exception:  # an adapter's outermost loop: log and carry on
+            self.log.exception("Could not tap kernel %s", kernel_id)
+
+    def close(self) -> None:
+        if self._reconciler is not None:
+            self._reconciler.stop()
+        for kernel_id in list(self.taps):
+            tap = self.taps.pop(kernel_id)
+            tap._disconnect()
+        self.context.destroy(linger=0)
