@@ -16,18 +16,21 @@ from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
-from traitlets import Float, Int, List, Type, Unicode
+from traitlets import Bool, Float, Int, List, Type, Unicode
 
 from .broker.base import Broker
 from .broker.memory import MemoryBroker
 from .handlers.channels import ChannelsHandler, StreamChannelsConnection, close_subscribers
 from .handlers.common import SETTINGS_KEY, Services
 from .handlers.transcript import TranscriptHandler
+from .kernels import StreamKernelManager
 from .stores.base import TranscriptStore
 from .stores.sqlite import SQLiteTranscriptStore
 from .tap import KERNEL_ACTIONS_SCHEMA, TapManager
 
 __all__ = ["GatewayStreamApp", "StreamServerApp", "main"]
+
+DEFAULT_KM = "jupyter_server.services.kernels.kernelmanager.ServerKernelManager"
 
 # Any id, so that an id of the wrong shape still gets a JSON 404 from us.
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
@@ -48,7 +51,7 @@ class StreamServerApp(ServerApp):
     )
 
     @property  # type: ignore[override]
-    def default_services(self) -> tuple[str, ...]:
+    def default_services(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(self.services)
 
 
@@ -60,7 +63,12 @@ class GatewayStreamApp(ExtensionApp):
     extension_url = "/api/kernels"
     load_other_extensions = False
     serverapp_class = StreamServerApp
-    serverapp_config = {"ip": "127.0.0.1", "open_browser": False}
+    # A headless service, like Kernel Gateway: loopback only unless told otherwise, never a
+    # browser. jupyter_server's refusal to run as root guards its notebook UI, which the
+    # daemon does not serve; run it as a dedicated user in production (etc/ has a unit).
+    serverapp_config = {"ip": "127.0.0.1", "open_browser": False, "allow_root": True}
+
+    classes = [*ExtensionApp.classes, TapManager, SQLiteTranscriptStore, MemoryBroker]
 
     transcript_store_class = Type(
         default_value=SQLiteTranscriptStore,
@@ -73,6 +81,14 @@ class GatewayStreamApp(ExtensionApp):
         klass=Broker,
         config=True,
         help="The Broker subclass that fans output out to subscribers.",
+    )
+    lossless_kernel_iopub = Bool(
+        True,
+        config=True,
+        help="Start local ipykernels (those on the gateway's own interpreter) through "
+        "kernel_gateway_stream.kernel_launcher, whose IOPub socket queues instead of dropping "
+        "when the machine is too busy to drain it at once. Applies when the kernel manager's "
+        "kernel_manager_class is jupyter_server's default.",
     )
     subscriber_max_bytes = Int(
         32 * 1024 * 1024,
@@ -94,16 +110,20 @@ class GatewayStreamApp(ExtensionApp):
     )
 
     def initialize_settings(self) -> None:
-        if self.serverapp.gateway_config.gateway_enabled:
+        serverapp = self.serverapp
+        assert serverapp is not None
+        assert serverapp.event_logger is not None
+        if serverapp.gateway_config.gateway_enabled:
             self.log.warning(
                 "kernel_gateway_stream taps kernels over ZMQ; with GatewayClient enabled the "
                 "kernels are remote and are not tapped. Transcripts will stay empty."
             )
-        self.store = self.transcript_store_class(parent=self, log=self.log)
+        # The Type traits hold concrete subclasses of these ABCs.
+        self.store: TranscriptStore = self.transcript_store_class(parent=self, log=self.log)
         self.store.open()
-        self.broker = self.broker_class(parent=self, log=self.log)
+        self.broker: Broker = self.broker_class(parent=self, log=self.log)
         self.taps = TapManager(
-            self.serverapp.kernel_manager, self.store, self.broker, parent=self, log=self.log
+            serverapp.kernel_manager, self.store, self.broker, parent=self, log=self.log
         )
         self.taps.on_close(close_subscribers)
         self.settings[SETTINGS_KEY] = Services(
@@ -117,7 +137,12 @@ class GatewayStreamApp(ExtensionApp):
             },
         )
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
-        self.serverapp.event_logger.add_listener(
+        kernel_manager = serverapp.kernel_manager
+        if self.lossless_kernel_iopub and kernel_manager.kernel_manager_class == DEFAULT_KM:
+            kernel_manager.kernel_manager_class = (
+                f"{StreamKernelManager.__module__}.StreamKernelManager"
+            )
+        serverapp.event_logger.add_listener(
             schema_id=KERNEL_ACTIONS_SCHEMA, listener=self.taps.on_kernel_action
         )
 

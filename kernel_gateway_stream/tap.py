@@ -21,6 +21,7 @@ jupyter_server's ``kernel_actions`` events and reconciling periodically.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
 import uuid
@@ -29,7 +30,7 @@ from typing import Any
 import zmq
 from jupyter_client.session import Session
 from tornado.ioloop import PeriodicCallback
-from traitlets import Float
+from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 from zmq.eventloop.zmqstream import ZMQStream
 
@@ -99,6 +100,12 @@ class KernelTap:
         info = self.kernel_manager.get_connection_info()
         socket = self.manager.context.socket(zmq.SUB)
         socket.setsockopt(zmq.RCVHWM, 0)
+        # The kernel's PUB socket drops what it cannot queue for us (1000 messages by
+        # default) once the TCP buffers between us are full. A fresh connection starts with
+        # a small receive buffer that autotuning grows only later, so a short stall of our
+        # I/O thread early in a burst could cost messages: ask for a large buffer at once.
+        if self.manager.iopub_receive_buffer:
+            socket.setsockopt(zmq.RCVBUF, self.manager.iopub_receive_buffer)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.connect(_channel_url(info, "iopub"))
@@ -195,10 +202,8 @@ class KernelTap:
         self._closed = True
         self._disconnect()
         for callback, event in ((self._on_auto_restart, "restart"), (self._on_dead, "dead")):
-            try:
+            with contextlib.suppress(ValueError):
                 self.kernel_manager.remove_restart_callback(callback, event)
-            except ValueError:
-                pass
         if not self.ready.done():
             self.ready.set_result(None)
         self.store.kernel_ended(self.kernel_id, time.time())
@@ -217,6 +222,13 @@ class TapManager(LoggingConfigurable):
         60.0,
         config=True,
         help="Seconds a Tap waits for its first IOPub message before it reports ready anyway.",
+    )
+    iopub_receive_buffer = Int(
+        4 * 1024 * 1024,
+        config=True,
+        help="SO_RCVBUF, in bytes, of each Tap's IOPub socket: the burst the kernel can send "
+        "while the gateway is briefly busy before the kernel's PUB socket starts dropping "
+        "(the OS caps it at net.core.rmem_max). 0 leaves it to TCP autotuning.",
     )
     reconcile_interval = Float(
         5.0,

@@ -31,6 +31,9 @@ class TransportClosed(Exception):
 class Transport(Protocol):
     """Where a subscriber's frames go. Implemented by the channels and SSE handlers."""
 
+    def is_open(self) -> bool:
+        """False once the client is gone or a close has begun: nothing more can be sent."""
+
     async def send(self, frames: list[Frame]) -> None:
         """Write ``frames`` in order; return once they are flushed to the socket.
 
@@ -118,6 +121,9 @@ class Subscriber:
             first = False
             if not page.records:
                 break
+            if not self.transport.is_open():
+                self.close()
+                return
             self.queue.sent(frames)
             try:
                 await self.transport.send(frames)
@@ -157,8 +163,11 @@ class Subscriber:
             frames = self.queue.take()
             if not frames:
                 continue
-            # Counted as sent once handed over: a close frame queued after them reaches
-            # the client only after they do.
+            if not self.transport.is_open():
+                self.close()
+                return
+            # Counted as sent once handed over (nothing awaits between the check above and
+            # the writes): a close frame sent later reaches the client after them.
             self.queue.sent(frames)
             try:
                 await self.transport.send(frames)
@@ -170,7 +179,7 @@ class _BrokerMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
     pass
 
 
-class Broker(LoggingConfigurable, metaclass=_BrokerMeta):
+class Broker(LoggingConfigurable, metaclass=_BrokerMeta):  # type: ignore[metaclass]
     """Fans each kernel's records out to subscribers as coalesced, shared frames.
 
     The application creates one broker (``GatewayStreamApp.broker_class``). All methods

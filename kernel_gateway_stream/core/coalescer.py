@@ -57,13 +57,12 @@ class Coalescer:
                 self._pending_bytes += frame.size
                 return self.flush() if self._pending_bytes >= self.max_bytes else []
             out = self.flush()
-            self._start_run(frame)
+            out.extend(self._start_run(frame))
             return out
         if self._window_end is None or now >= self._window_end or self.window == 0:
             self._window_end = now + self.window
             return [frame]
-        self._start_run(frame)
-        return []
+        return self._start_run(frame)
 
     def due(self, now: float) -> list[Frame]:
         """The frames whose deadline has passed at ``now``."""
@@ -85,6 +84,10 @@ class Coalescer:
         self._pending_bytes = 0
         return [frame]
 
-    def _start_run(self, frame: Frame) -> None:
+    def _start_run(self, frame: Frame) -> list[Frame]:
+        """Hold ``frame`` as the start of a run; a frame that fills a run alone goes now."""
+        if frame.size >= self.max_bytes:
+            return [frame]
         self._pending = [frame]
         self._pending_bytes = frame.size
+        return []

@@ -13,6 +13,7 @@ header, the parent header's ``msg_id`` and, for ``stream`` messages, the content
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from dataclasses import dataclass
@@ -127,9 +128,13 @@ class KernelMessage:
         if not isinstance(msg_type, str) or not isinstance(msg_id, str):
             raise MalformedMessage("header needs string msg_type and msg_id")
         parent_msg_id = _peek_msg_id(raw_parent)
+        if raw_metadata != b"{}":
+            _load_object(raw_metadata, "metadata")
+        # Parsed for every message: raw content is pasted into legacy JSON as it is, so it
+        # must be a JSON object.
+        content = _load_object(raw_content, "content")
         stream_name = text = None
         if msg_type == "stream":
-            content = _load_object(raw_content, "content")
             name, value = content.get("name"), content.get("text")
             if isinstance(name, str) and isinstance(value, str):
                 stream_name, text = name, value
@@ -171,7 +176,7 @@ class Signer:
 
     def __init__(self, key: bytes, signature_scheme: str = "hmac-sha256") -> None:
         scheme, _, digest = signature_scheme.partition("-")
-        if scheme != "hmac" or not digest:
+        if scheme != "hmac" or digest not in hashlib.algorithms_available:
             raise ValueError(f"unsupported signature scheme {signature_scheme!r}")
         self._key = key
         self._digestmod = digest

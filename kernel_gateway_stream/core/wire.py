@@ -17,6 +17,7 @@ to ``metadata`` under :data:`SEQ_METADATA_KEY`.
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import struct
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ def decode_v1(data: bytes) -> tuple[str, list[bytes]]:
     if count < 2 or 8 * (count + 1) > len(data):
         raise MalformedMessage(f"v1 frame has a bad offset count {count}")
     offsets = struct.unpack_from("<%dQ" % count, data, 8)
-    if offsets[0] != 8 * (count + 1) or any(b < a for a, b in zip(offsets, offsets[1:])):
+    if offsets[0] != 8 * (count + 1) or any(b < a for a, b in itertools.pairwise(offsets)):
         raise MalformedMessage("v1 frame offsets are out of order")
     if offsets[-1] > len(data):
         raise MalformedMessage("v1 frame offsets past its end")
@@ -164,9 +165,9 @@ def decode_legacy_binary(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     if count < 1 or 4 * (count + 1) > len(data):
         raise MalformedMessage(f"binary frame has a bad buffer count {count}")
     offsets = [*struct.unpack_from("!%dI" % count, data, 4), len(data)]
-    if any(b < a for a, b in zip(offsets, offsets[1:])) or offsets[0] < 4 * (count + 1):
+    if any(b < a for a, b in itertools.pairwise(offsets)) or offsets[0] < 4 * (count + 1):
         raise MalformedMessage("binary frame offsets are out of order")
-    chunks = [data[a:b] for a, b in zip(offsets, offsets[1:])]
+    chunks = [data[a:b] for a, b in itertools.pairwise(offsets)]
     message = _json_object(chunks[0], "message")
     return message, chunks[1:]
 
@@ -178,6 +179,7 @@ def decode_incoming(data: bytes | str, protocol: Protocol) -> IncomingMessage:
         MalformedMessage: not a message of ``protocol``, an unknown channel, or a header
             without ``msg_type``.
     """
+    header: Any
     if protocol is Protocol.V1:
         if isinstance(data, str):
             raise MalformedMessage("v1 clients send binary frames")
@@ -201,7 +203,7 @@ def decode_incoming(data: bytes | str, protocol: Protocol) -> IncomingMessage:
             _dumps(message.get("content") or {}),
             *buffers,
         ]
-    if channel not in CHANNELS - {"iopub"}:
+    if not isinstance(channel, str) or channel not in CHANNELS - {"iopub"}:
         raise MalformedMessage(f"clients may not send on channel {channel!r}")
     msg_type = header.get("msg_type")
     if not isinstance(msg_type, str) or not isinstance(header.get("msg_id"), str):

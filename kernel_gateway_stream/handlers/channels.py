@@ -56,6 +56,7 @@ __all__ = [
 CLOSE_MALFORMED = 1007
 CLOSE_KERNEL_GONE = 1001
 CLOSE_SLOW = 4008
+CLOSE_LINGER_MS = 5000
 
 
 class StreamChannelsConnection(BaseKernelWebsocketConnection):
@@ -98,7 +99,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             stale.websocket_handler.close()
             stale.disconnect()
         self._open_sessions[self.session_key] = self
-        since = self.websocket_handler.since
+        since: int | None = getattr(self.websocket_handler, "since", None)
         if since is None and self.websocket_handler.get_argument("session_id", None):
             since = await self.services.store.load_cursor(self.kernel_id, self.session_id)
             if since is not None:
@@ -125,7 +126,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         except SequenceAhead as error:
             self._close(4400, {"reason": error.reason, "head": error.head})
 
-    def disconnect(self) -> None:
+    def disconnect(self) -> None:  # type: ignore[override]  # called without await
         if self._closed:
             return
         self._closed = True
@@ -140,7 +141,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         for stream in self.channels.values():
             if not stream.closed():
                 stream.on_recv(None)
-                stream.close()
+                # Linger: a request sent just before the client left still reaches the
+                # kernel (its output is recorded with nobody watching).
+                stream.close(linger=CLOSE_LINGER_MS)
         self.channels = {}
 
     # -- client -> kernel ----------------------------------------------------------
@@ -175,7 +178,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
     def _send(self, channel: str, parts: list[bytes]) -> None:
         stream = self.channels.get(channel)
         if stream is not None and not stream.closed():
-            self.session.send_raw(stream, parts)
+            # Straight to the socket, not through ZMQStream's send queue, which a close
+            # right after would discard.
+            self.session.send_raw(stream.socket, parts)
 
     # -- kernel -> client (shell, control, stdin replies) ------------------------------
 
@@ -194,6 +199,10 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self.subscriber.reply(Frame.reply(stream.channel, message), time.monotonic())
 
     # -- Transport, for the Subscriber ------------------------------------------------
+
+    def is_open(self) -> bool:
+        connection = self.websocket_handler.ws_connection
+        return not self._closed and connection is not None and not connection.is_closing()
 
     async def send(self, frames: list[Frame]) -> None:
         protocol = self.protocol
@@ -220,7 +229,10 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
 
     def overflowed(self, overflow: Overflow) -> None:
         self.log.warning(
-            "Disconnecting %s: %s (last seq %s)", self.session_key, overflow.reason, overflow.last_seq
+            "Disconnecting %s: %s (last seq %s)",
+            self.session_key,
+            overflow.reason,
+            overflow.last_seq,
         )
         self._close(CLOSE_SLOW, {"reason": "slow_consumer", "last_seq": overflow.last_seq})
 
@@ -269,4 +281,3 @@ def close_subscribers(kernel_id: str, subscribers: list[Subscriber]) -> None:
     for subscriber in subscribers:
         subscriber.close()
         subscriber.transport.kernel_gone()
-

@@ -14,7 +14,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..core.errors import BadRequest, LocalError, UnknownKernel
+from ..core.errors import BadRequest, LocalError, SequenceAhead, UnknownKernel
 from ..core.messages import Record
 from ..stores.base import TranscriptPage
 from .common import SETTINGS_KEY, Services, parse_seq
@@ -80,11 +80,15 @@ class TranscriptHandler(APIHandler):
         msg_types = self.get_arguments("msg_type") or None
         store = self.services.store
         running = kernel_id in self.kernel_manager
-        info = await store.info(kernel_id)
-        if info is None and not running:
-            raise UnknownKernel(kernel_id)
-        if info is not None and since > info.head:
-            raise BadRequest(f"since={since} is ahead of the transcript head {info.head}")
+        if running:
+            head = (await self.services.taps.ensure(kernel_id)).head
+        else:
+            info = await store.info(kernel_id)
+            if info is None:
+                raise UnknownKernel(kernel_id)
+            head = info.head
+        if since > head:
+            raise SequenceAhead(since, head)
         if output == "text":
             await self._text(kernel_id, since, parent)
             return
@@ -109,11 +113,9 @@ class TranscriptHandler(APIHandler):
             }
         ).encode()
         body = b",".join(record_json(record) for record in page.records)
-        self.set_header("Content-Type", "application/json")
         self.finish(head[:-1] + b',"records":[' + body + b"]}")
 
     async def _text(self, kernel_id: str, since: int, parent: str | None) -> None:
-        self.set_header("Content-Type", "text/plain; charset=utf-8")
         cursor = since
         while True:
             page = await self.services.store.read(
@@ -123,4 +125,4 @@ class TranscriptHandler(APIHandler):
                 break
             self.write("".join(record.message.text or "" for record in page.records))
             cursor = page.records[-1].seq
-        self.finish()
+        self.finish(set_content_type="text/plain; charset=utf-8")

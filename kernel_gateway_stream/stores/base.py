@@ -49,7 +49,7 @@ class _StoreMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
     pass
 
 
-class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):
+class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):  # type: ignore[metaclass]
     """Durable, per-kernel, sequence-numbered IOPub transcripts.
 
     The application creates one store (its class is ``GatewayStreamApp.transcript_store_class``),

@@ -204,8 +204,6 @@ class SQLiteTranscriptStore(TranscriptStore):
         marker = _Flush()
         self._queue.put(marker)
         await asyncio.get_running_loop().run_in_executor(None, marker.event.wait)
-        if self._error is not None:
-            raise RuntimeError("the transcript writer failed") from self._error
 
     # -- reads ---------------------------------------------------------------------
 
@@ -251,7 +249,7 @@ class SQLiteTranscriptStore(TranscriptStore):
             where.append("parent_msg_id = ?")
             args.append(parent)
         if msg_types:
-            where.append("msg_type IN (%s)" % ",".join("?" * len(msg_types)))
+            where.append("msg_type IN ({})".format(",".join("?" * len(msg_types))))
             args.extend(msg_types)
         args.append(limit)
         rows = await self._run(
@@ -312,15 +310,14 @@ class SQLiteTranscriptStore(TranscriptStore):
                 except queue.Empty:
                     break
             records = [item for item in batch if isinstance(item, Record)]
-            try:
-                self._write_batch(connection, batch, records)
-                if time.monotonic() >= next_retention:
-                    next_retention = time.monotonic() + self.retention_interval
-                    self.apply_retention(connection, time.time())
-            except sqlite3.Error as error:  # outermost loop of an adapter: log, keep going
-                self._error = error
-                self.log.error("Transcript write failed: %s", error)
+            self._write_until_done(connection, batch, records)
             self._forget_committed(records)
+            if time.monotonic() >= next_retention:
+                next_retention = time.monotonic() + self.retention_interval
+                try:
+                    self.apply_retention(connection, time.time())
+                except sqlite3.Error as error:
+                    self.log.error("Transcript retention failed: %s", error)
             for item in batch:
                 if isinstance(item, _Flush):
                     item.event.set()
@@ -328,10 +325,34 @@ class SQLiteTranscriptStore(TranscriptStore):
                     stopping = True
         connection.close()
 
+    def _write_until_done(
+        self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]
+    ) -> None:
+        """Write a batch, retrying while the disk refuses (full, locked, read-only).
+
+        Nothing is dropped: the records stay readable from memory meanwhile, and live
+        fan-out does not wait for this thread (DESIGN invariant 4).
+        """
+        delay = 0.05
+        while True:
+            try:
+                self._write_batch(connection, batch, records)
+            except sqlite3.Error as error:  # the writer's outermost loop: log, retry
+                if self._error is None:
+                    self.log.error("Transcript write failed, retrying: %s", error)
+                self._error = error
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            if self._error is not None:
+                self.log.warning("Transcript writes recovered")
+                self._error = None
+            return
+
     def _write_batch(
         self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]
     ) -> None:
-        heads: dict[str, list[int]] = {}
+        heads: dict[str, list[Any]] = {}  # kernel_id -> [head, bytes added, first time]
         for record in records:
             entry = heads.setdefault(record.kernel_id, [0, 0, record.time])
             entry[0] = record.seq
@@ -375,7 +396,11 @@ class SQLiteTranscriptStore(TranscriptStore):
         ).fetchall()
         for kernel_id, head, first_seq, size, ended in kernels:
             cutoff = first_seq - 1
-            if ended is not None and self.keep_after_shutdown and now - ended > self.keep_after_shutdown:
+            if (
+                ended is not None
+                and self.keep_after_shutdown
+                and now - ended > self.keep_after_shutdown
+            ):
                 cutoff = head
             if self.max_age:
                 (aged,) = connection.execute(

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from tornado.httpclient import AsyncHTTPClient
+from traitlets.config import Config
+
+from kernel_gateway_stream.handlers.common import SETTINGS_KEY, Services
+
+from .wsclient import KernelWS
+
+
+@pytest.fixture
+def transcript_path(tmp_path: Any) -> str:
+    return str(tmp_path / "transcripts.sqlite3")
+
+
+@pytest.fixture
+def jp_server_config(transcript_path: str) -> Config:
+    return Config(
+        {
+            "ServerApp": {"jpserver_extensions": {"kernel_gateway_stream": True}},
+            "SQLiteTranscriptStore": {"path": transcript_path},
+        }
+    )
+
+
+@pytest.fixture
+def services(jp_serverapp: Any) -> Services:
+    services: Services = jp_serverapp.web_app.settings[SETTINGS_KEY]
+    return services
+
+
+@pytest.fixture
+def start_kernel(jp_fetch: Any) -> Any:
+    async def start(**body: Any) -> str:
+        response = await jp_fetch("api", "kernels", method="POST", body=json.dumps(body))
+        kernel_id: str = json.loads(response.body)["id"]
+        return kernel_id
+
+    return start
+
+
+@pytest.fixture
+def connect(
+    jp_serverapp: Any, jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str
+) -> Any:
+    opened: list[KernelWS] = []
+
+    async def open_ws(kernel_id: str, **options: Any) -> KernelWS:
+        base = jp_base_url.rstrip("/")
+        url = f"ws://127.0.0.1:{jp_http_port}{base}/api/kernels/{kernel_id}/channels"
+        ws = await KernelWS.open(url, dict(jp_auth_header), **options)
+        opened.append(ws)
+        return ws
+
+    yield open_ws
+    for ws in opened:
+        ws.close()
+
+
+@pytest.fixture
+def transcript(jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str) -> Any:
+    """GET the transcript; a tuple value repeats the parameter (``msg_type=a&msg_type=b``)."""
+    client = AsyncHTTPClient()
+
+    async def read(kernel_id: str, **params: Any) -> Any:
+        query = urlencode(
+            [(k, v) for k, vs in params.items() for v in (vs if isinstance(vs, tuple) else [vs])]
+        )
+        base = jp_base_url.rstrip("/")
+        url = f"http://127.0.0.1:{jp_http_port}{base}/api/kernels/{kernel_id}/transcript"
+        response = await client.fetch(f"{url}?{query}", headers=jp_auth_header)
+        if params.get("format") == "text":
+            return response.body.decode()
+        return json.loads(response.body)
+
+    return read

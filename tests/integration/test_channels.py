@@ -1,0 +1,320 @@
+"""The channels WebSocket against a real server and real ipykernel kernels.
+
+Each test names the DESIGN.md invariant it states.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from ..timing import seconds
+from .wsclient import KernelWS, Received
+
+FLOOD = 20000
+FLOOD_CODE = f"for i in range({FLOOD}): print(i, flush=True)"
+FLOOD_TEXT = "".join(f"{i}\n" for i in range(FLOOD))
+
+
+def assert_contiguous(received: Received) -> None:
+    """Every IOPub message once, in order: the seq ranges tile an interval exactly."""
+    ranges = received.seq_ranges()
+    assert ranges, "no IOPub message carried a sequence number"
+    for (_, previous_last), (first, last) in itertools.pairwise(ranges):
+        assert first == previous_last + 1, f"gap or duplicate between {previous_last} and {first}"
+        assert last >= first
+
+
+async def test_flood_reaches_three_clients_complete_once_in_order(
+    start_kernel: Any, connect: Any, transcript: Any
+) -> None:
+    """Invariants 2, 3, 6: 20,000 flushed prints reach three clients (both protocols),
+    every line once and in order, coalesced into far fewer frames."""
+    kernel_id = await start_kernel()
+    runner = await connect(kernel_id, protocol="legacy")
+    watchers = [await connect(kernel_id, protocol="v1"), await connect(kernel_id, protocol="v1")]
+    msg_id = runner.execute(FLOOD_CODE)
+    results = await asyncio.gather(
+        runner.until_idle(msg_id), *(watcher.until_idle(msg_id) for watcher in watchers)
+    )
+    for received in results:
+        assert received.text() == FLOOD_TEXT
+        assert_contiguous(received)
+        assert len(received.messages) < FLOOD, "stream messages were not coalesced"
+    assert await transcript(kernel_id, format="text", parent=msg_id) == FLOOD_TEXT
+
+
+async def test_every_iopub_message_has_one_seq_gap_free(
+    start_kernel: Any, connect: Any, transcript: Any
+) -> None:
+    """Invariant 1: the transcript numbers every message 1..head with no gap or repeat."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    msg_id = ws.execute(
+        "import sys\n"
+        "for i in range(300):\n"
+        "    print(i, file=sys.stderr if i % 3 else sys.stdout, flush=True)\n"
+        "1+1"
+    )
+    await ws.until_idle(msg_id)
+    page = await transcript(kernel_id, limit=10000)
+    seqs = [record["seq"] for record in page["records"]]
+    assert seqs == list(range(1, page["head"] + 1))
+    types = {record["msg_type"] for record in page["records"]}
+    assert {"status", "execute_input", "stream", "execute_result"} <= types
+
+
+async def test_stdout_and_stderr_never_merged_across(start_kernel: Any, connect: Any) -> None:
+    """Invariant 6: merging never crosses a stream name; the rendered order is kept."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id, protocol="v1")
+    code = (
+        "import sys\n"
+        "for i in range(2000):\n"
+        "    print(i, file=sys.stderr if (i // 7) % 2 else sys.stdout, flush=True)\n"
+    )
+    msg_id = ws.execute(code)
+    received = await ws.until_idle(msg_id)
+    runs: list[tuple[str, str]] = []
+    for message in received.messages:
+        if message["msg_type"] != "stream":
+            continue
+        name, text = message["content"]["name"], message["content"]["text"]
+        if runs and runs[-1][0] == name:
+            runs[-1] = (name, runs[-1][1] + text)
+        else:
+            runs.append((name, text))
+    expected: list[tuple[str, str]] = []
+    for i in range(2000):
+        name = "stderr" if (i // 7) % 2 else "stdout"
+        if expected and expected[-1][0] == name:
+            expected[-1] = (name, expected[-1][1] + f"{i}\n")
+        else:
+            expected.append((name, f"{i}\n"))
+    assert runs == expected
+
+
+async def test_reconnect_with_session_id_gets_exactly_what_it_missed(
+    start_kernel: Any, connect: Any
+) -> None:
+    """Invariant 5: a client that leaves mid-run and returns with its session_id gets
+    exactly the lines it missed: nothing twice, nothing lost."""
+    kernel_id = await start_kernel()
+    first = await connect(kernel_id, session_id="notebook-tab")
+    msg_id = first.execute(
+        "import time\nfor i in range(4000):\n    print(i, flush=True)\n    time.sleep(0.0005)"
+    )
+    before = Received()
+    while len(before.text().splitlines()) < 500:
+        message = await first.receive()
+        assert message is not None
+        before.messages.append(message)
+    first.close()
+    before.messages.extend((await first.drain_until_closed()).messages)
+    await asyncio.sleep(seconds(0.5))  # output goes on with nobody connected
+    second = await connect(kernel_id, session_id="notebook-tab")
+    after = await second.until_idle(msg_id)
+    assert before.text() + after.text() == "".join(f"{i}\n" for i in range(4000))
+    assert after.seq_ranges()[0][0] == before.seq_ranges()[-1][1] + 1
+    assert_contiguous(after)
+
+
+async def test_since_resumes_exactly_across_replay_to_live(
+    start_kernel: Any, connect: Any, transcript: Any
+) -> None:
+    """Invariant 5: ?since=S yields every message after S once, in order, and then live,
+    while the kernel is still printing."""
+    kernel_id = await start_kernel()
+    live = await connect(kernel_id)
+    msg_id = live.execute(
+        "import time\nfor i in range(3000):\n    print(i, flush=True)\n    time.sleep(0.0005)"
+    )
+    early = Received()
+    while len(early.text().splitlines()) < 300:
+        message = await live.receive()
+        assert message is not None
+        early.messages.append(message)
+    since = early.seq_ranges()[-1][1] - 50
+    late = await connect(kernel_id, since=since, protocol="v1")
+    resumed = await late.until_idle(msg_id)
+    assert resumed.seq_ranges()[0][0] == since + 1
+    assert_contiguous(resumed)
+    page = await transcript(kernel_id, since=since, limit=10000, msg_type="stream")
+    expected = "".join(record["content"]["text"] for record in page["records"])
+    assert resumed.text() == expected
+    await live.until_idle(msg_id)
+
+
+async def test_output_with_no_client_connected_is_recorded(
+    start_kernel: Any, connect: Any, transcript: Any
+) -> None:
+    """Invariant 2: output is recorded whether or not anybody watches."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    msg_id = ws.execute("import time\ntime.sleep(0.3)\nfor i in range(1000): print(i, flush=True)")
+    ws.close()
+    await ws.drain_until_closed()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(60)
+    while loop.time() < deadline:
+        page = await transcript(kernel_id, parent=msg_id, msg_type="status", limit=10)
+        if any(r["content"]["execution_state"] == "idle" for r in page["records"]):
+            break
+        await asyncio.sleep(0.1)
+    text = await transcript(kernel_id, format="text", parent=msg_id)
+    assert text == "".join(f"{i}\n" for i in range(1000))
+
+
+async def test_slow_client_is_disconnected_with_its_resume_point(
+    start_kernel: Any, connect: Any, services: Any
+) -> None:
+    """Invariant 3: a client that stops reading is disconnected with a reason and the last
+    seq it was sent, the other client gets everything, and the slow one resumes exactly."""
+    services.subscriber_options["max_bytes"] = 256 * 1024
+    kernel_id = await start_kernel()
+    stalled = await connect(kernel_id, protocol="legacy")
+    runner = await connect(kernel_id, protocol="v1")
+    line = "x" * 1000
+    lines = 20000
+    msg_id = runner.execute(f"for i in range({lines}): print({line!r}, i, flush=True)")
+    expected = "".join(f"{line} {i}\n" for i in range(lines))
+    received = await runner.until_idle(msg_id, timeout=300)
+    assert received.text() == expected
+    assert_contiguous(received)
+    # Now the stalled client reads: what it was sent, then the close with its reason.
+    got = await stalled.drain_until_closed()
+    assert stalled.ws.close_code == 4008
+    reason = json.loads(stalled.ws.close_reason)
+    assert reason["reason"] == "slow_consumer"
+    assert reason["last_seq"] == got.seq_ranges()[-1][1]
+    resumed = await connect(kernel_id, since=reason["last_seq"])
+    rest = await resumed.until_idle(msg_id)
+    assert got.text() + rest.text() == expected
+
+
+async def test_stdin_and_replies_reach_the_client_that_asked(
+    start_kernel: Any, connect: Any
+) -> None:
+    """Shell replies and input_request go to the asking client only; IOPub to all."""
+    kernel_id = await start_kernel()
+    asker = await connect(kernel_id, protocol="v1")
+    other = await connect(kernel_id)
+    msg_id = asker.execute("name = input('who? ')\nprint('hello', name)", allow_stdin=True)
+    while True:
+        message = await asker.receive()
+        assert message is not None
+        if message["msg_type"] == "input_request":
+            assert message["channel"] == "stdin"
+            assert message["content"]["prompt"] == "who? "
+            break
+    asker.send("stdin", "input_reply", {"value": "gateway"})
+    received = await asker.until_idle(msg_id)
+    assert received.text() == "hello gateway\n"
+    assert any(m["msg_type"] == "execute_reply" for m in received.messages)
+    seen = await other.until_idle(msg_id)
+    assert seen.text() == "hello gateway\n"
+    assert not [m for m in seen.messages if m["channel"] in ("shell", "stdin")]
+
+
+async def test_kernel_restart_keeps_numbering_and_clients(
+    start_kernel: Any, connect: Any, jp_fetch: Any
+) -> None:
+    """Invariant 1 across a kernel restart: numbering goes on; the client stays attached."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    before = await ws.until_idle(ws.execute("print('before')"))
+    await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body="")
+    after = Received()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(60)
+    while "after" not in after.text() and loop.time() < deadline:
+        msg_id = ws.execute("print('after')")
+        after = await ws.until_idle(msg_id)
+    assert after.text() == "after\n"
+    assert after.seq_ranges()[0][0] > before.seq_ranges()[-1][1]
+
+
+async def test_unknown_kernel_and_bad_since_get_json_errors(
+    start_kernel: Any, connect: Any
+) -> None:
+    """Invariant 8: errors before the upgrade are HTTP 4xx with a JSON reason."""
+    with pytest.raises(HTTPClientError) as unknown:
+        await connect("00000000-0000-0000-0000-000000000000")
+    assert unknown.value.code == 404
+    assert json.loads(unknown.value.response.body)["reason"] == "unknown_kernel"
+    kernel_id = await start_kernel()
+    for since, reason in (
+        ("abc", "bad_request"),
+        ("-1", "bad_request"),
+        ("99999999", "since_ahead_of_head"),
+    ):
+        with pytest.raises(HTTPClientError) as bad:
+            await connect(kernel_id, since=since)
+        assert bad.value.code == 400
+        assert json.loads(bad.value.response.body)["reason"] == reason
+
+
+async def test_malformed_frame_closes_only_its_connection(
+    start_kernel: Any, connect: Any, transcript: Any
+) -> None:
+    """Invariant 8: a malformed frame closes that socket (1007 and a reason); other clients
+    and the transcript are untouched."""
+    kernel_id = await start_kernel()
+    good = await connect(kernel_id, protocol="v1")
+    msg_id = good.execute(
+        "import time\nfor i in range(500):\n    print(i, flush=True)\n    time.sleep(0.001)"
+    )
+    for payload, protocol in (
+        ("not json", "legacy"),
+        (b"\x01\x00", "v1"),
+        ('{"channel": "iopub", "header": {}}', "legacy"),
+    ):
+        bad = await connect(kernel_id, protocol=protocol)
+        await bad.ws.write_message(payload, binary=isinstance(payload, bytes))
+        await bad.drain_until_closed()
+        assert bad.ws.close_code == 1007
+        assert json.loads(bad.ws.close_reason)["reason"] == "malformed_message"
+    received = await good.until_idle(msg_id)
+    assert received.text() == "".join(f"{i}\n" for i in range(500))
+    assert await transcript(kernel_id, format="text", parent=msg_id) == received.text()
+
+
+async def test_shutdown_closes_clients_and_keeps_the_transcript(
+    start_kernel: Any, connect: Any, jp_fetch: Any, transcript: Any
+) -> None:
+    """A shut-down kernel's clients are told (1001); its transcript is still served."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    msg_id = ws.execute("print('last words')")
+    await ws.until_idle(msg_id)
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    await ws.drain_until_closed()
+    assert ws.ws.close_code == 1001
+    page = await transcript(kernel_id)
+    assert page["running"] is False
+    assert await transcript(kernel_id, format="text", parent=msg_id) == "last words\n"
+
+
+_ = KernelWS
+
+
+async def test_local_ipykernel_iopub_queues_instead_of_dropping(
+    start_kernel: Any, connect: Any
+) -> None:
+    """The kernel's IOPub socket has no high-water mark, so a busy machine makes it queue
+    output for the Tap rather than drop it (no lost output, even before the gateway)."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    msg_id = ws.execute(
+        "import zmq\n"
+        "from ipykernel.kernelapp import IPKernelApp\n"
+        "app = IPKernelApp.instance()\n"
+        "print(type(app).__name__, app.iopub_thread.socket.getsockopt(zmq.SNDHWM))"
+    )
+    received = await ws.until_idle(msg_id)
+    assert received.text() == "LosslessIOPubKernelApp 0\n"

@@ -1,0 +1,291 @@
+"""Kernel messages: decoding signed ZMQ frames, peeking routing fields, keeping raw parts.
+
+Invariants 2 and 8: the raw JSON parts are kept byte for byte (nothing re-encoded on the
+way to the transcript), and bad input raises a clear RemoteError, never anything else.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import (
+    header_bytes,
+    make_message,
+    make_parts,
+    signed_frames,
+    stream,
+)
+from jupyter_client.session import Session
+
+from kernel_gateway_stream.core.errors import BadSignature, MalformedMessage, RemoteError
+from kernel_gateway_stream.core.messages import (
+    KernelMessage,
+    Signer,
+    decode_zmq_message,
+    split_identities,
+)
+
+KEY = b"a-session-key"
+
+
+def test_decode_stream_message_peeks_routing_fields_and_keeps_raw_parts() -> None:
+    """Invariant 2: decoding keeps every part byte for byte and peeks only routing fields."""
+    parts = make_parts(
+        "stream",
+        {"name": "stderr", "text": "héllo\n"},
+        parent_msg_id="exec-1",
+        metadata={"m": 1},
+        msg_id="out-1",
+    )
+    message = decode_zmq_message(signed_frames(parts, KEY), Signer(KEY))
+
+    assert message.msg_type == "stream"
+    assert message.msg_id == "out-1"
+    assert message.parent_msg_id == "exec-1"
+    assert message.stream_name == "stderr"
+    assert message.text == "héllo\n"
+    assert message.is_stream is True
+    assert message.parts() == parts
+    assert (
+        message.raw_header,
+        message.raw_parent_header,
+        message.raw_metadata,
+        message.raw_content,
+    ) == tuple(parts)
+    assert message.buffers == ()
+    assert message.size == sum(len(part) for part in parts)
+    assert message.content() == {"name": "stderr", "text": "héllo\n"}
+    assert message.header()["msg_id"] == "out-1"
+
+
+def test_decode_keeps_buffers_and_identities_are_split_off() -> None:
+    """Invariant 2: binary buffers after the content are kept, in order, unsigned."""
+    buffers = (b"\x00\x01binary", b"", b"\xff" * 3)
+    parts = make_parts("display_data", {"data": {}}, "exec-2", msg_id="d-1", buffers=buffers)
+    frames = signed_frames(parts, KEY, identities=(b"id-a", b"id-b"))
+
+    identities, rest = split_identities(frames)
+    message = decode_zmq_message(frames, Signer(KEY))
+
+    assert identities == [b"id-a", b"id-b"]
+    assert rest[1:] == parts
+    assert message.buffers == buffers
+    assert message.parts() == parts
+    assert message.stream_name is None
+    assert message.text is None
+    assert message.is_stream is False
+    assert message.size == sum(len(part) for part in parts)
+
+
+def test_decode_reads_what_jupyter_client_session_sends() -> None:
+    """Invariant 2: frames serialized and signed by jupyter_client's Session decode as sent."""
+    session = Session(key=KEY)
+    parent = session.msg_header("execute_request")
+    msg = session.msg("stream", content={"name": "stdout", "text": "1\n2\n"}, parent=parent)
+    frames = session.serialize(msg, ident=b"stream.stdout")
+
+    message = decode_zmq_message(frames, Signer(KEY))
+
+    assert message.msg_id == msg["header"]["msg_id"]
+    assert message.parent_msg_id == parent["msg_id"]
+    assert message.stream_name == "stdout"
+    assert message.text == "1\n2\n"
+    assert message.parts() == frames[3:]
+
+
+def test_signer_signs_like_jupyter_client_session() -> None:
+    """Invariant 8: our HMAC is the messaging spec's (the one jupyter_client computes)."""
+    parts = make_parts("status", {"execution_state": "busy"}, "exec-3")
+    assert Signer(KEY).sign(parts) == Session(key=KEY).sign(parts)
+    assert Signer(KEY).sign(parts) == signed_frames(parts, KEY)[2]
+
+
+def test_bad_signature_is_rejected() -> None:
+    """Invariant 8: a signature that does not match the session key raises BadSignature."""
+    parts = make_parts("status", {"execution_state": "idle"}, "exec-4")
+    frames = signed_frames(parts, b"another-key")
+    with pytest.raises(BadSignature, match="signature does not match"):
+        decode_zmq_message(frames, Signer(KEY))
+
+
+def test_tampered_content_is_rejected() -> None:
+    """Invariant 8: changing a signed part after signing raises BadSignature."""
+    parts = make_parts("stream", {"name": "stdout", "text": "a"}, "exec-5")
+    frames = signed_frames(parts, KEY)
+    frames[-1] = json.dumps({"name": "stdout", "text": "b"}).encode()
+    with pytest.raises(BadSignature):
+        decode_zmq_message(frames, Signer(KEY))
+
+
+def test_buffers_are_not_signed() -> None:
+    """Invariant 8: as in the spec, only the four JSON parts are signed, not buffers."""
+    parts = make_parts("display_data", {"data": {}}, "exec-6", buffers=(b"one",))
+    frames = signed_frames(parts, KEY)
+    frames[-1] = b"two"
+    assert decode_zmq_message(frames, Signer(KEY)).buffers == (b"two",)
+
+
+def test_empty_key_disables_verification() -> None:
+    """Invariant 8: with an empty key (signing off, as in Session) any signature passes."""
+    parts = make_parts("status", {"execution_state": "idle"}, "exec-7", msg_id="s-7")
+    frames = signed_frames(parts, b"")
+    assert frames[2] == b""
+    assert Signer(b"").sign(parts) == b""
+    frames[2] = b"whatever"
+    assert decode_zmq_message(frames, Signer(b"")).msg_id == "s-7"
+
+
+def test_missing_delimiter_is_malformed() -> None:
+    """Invariant 8: frames without <IDS|MSG> raise MalformedMessage."""
+    parts = make_parts("status", {"execution_state": "idle"})
+    frames = [frame for frame in signed_frames(parts, KEY) if frame != b"<IDS|MSG>"]
+    with pytest.raises(MalformedMessage, match="delimiter"):
+        decode_zmq_message(frames, Signer(KEY))
+
+
+@pytest.mark.parametrize("kept", [0, 1, 2, 3, 4])
+def test_too_few_frames_is_malformed(kept: int) -> None:
+    """Invariant 8: fewer than a signature and four parts raise MalformedMessage."""
+    parts = make_parts("status", {"execution_state": "idle"})
+    frames = signed_frames(parts, KEY)[: 2 + kept]
+    with pytest.raises(MalformedMessage, match=f"got {kept} frames"):
+        decode_zmq_message(frames, Signer(KEY))
+
+
+@pytest.mark.parametrize(
+    ("raw_header", "match"),
+    [
+        (b"not json", "header is not valid JSON"),
+        (b"\xff\xfe", "header is not valid JSON"),
+        (b"[1, 2]", "header is not a JSON object"),
+        (b'{"msg_id": "x"}', "msg_type"),
+        (b'{"msg_type": "status"}', "msg_id"),
+        (b'{"msg_type": 5, "msg_id": "x"}', "msg_type"),
+    ],
+)
+def test_bad_header_is_malformed(raw_header: bytes, match: str) -> None:
+    """Invariant 8: a header that is not JSON, not an object or lacks msg_type/msg_id
+    raises MalformedMessage (after the signature check passed)."""
+    parts = [raw_header, b"{}", b"{}", b"{}"]
+    with pytest.raises(MalformedMessage, match=match):
+        decode_zmq_message(signed_frames(parts, KEY), Signer(KEY))
+
+
+def test_malformed_errors_are_remote_errors_chained_to_the_parser() -> None:
+    """Invariant 8: parse failures are RemoteErrors chained with ``from`` to the cause."""
+    with pytest.raises(MalformedMessage) as caught:
+        KernelMessage.from_parts([b"{", b"{}", b"{}", b"{}"])
+    assert isinstance(caught.value, RemoteError)
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_from_parts_needs_four_parts() -> None:
+    """Invariant 8: fewer than four parts raise MalformedMessage."""
+    with pytest.raises(MalformedMessage, match="at least 4 parts, got 3"):
+        KernelMessage.from_parts([header_bytes("status"), b"{}", b"{}"])
+
+
+@pytest.mark.parametrize(
+    ("metadata", "content"),
+    [
+        pytest.param(b"[]", b"{}", id="metadata-array"),
+        pytest.param(b"not json", b"{}", id="metadata-not-json"),
+        pytest.param(b"{}", b"not json", id="content-not-json"),
+    ],
+)
+def test_from_parts_rejects_parts_that_are_not_json_objects(
+    metadata: bytes, content: bytes
+) -> None:
+    """Invariant 8: from_parts' contract says a part that is not a JSON object raises
+    MalformedMessage. A message accepted here is later spliced verbatim into the legacy
+    JSON every client receives (encode_legacy), so it must be refused at decode."""
+    with pytest.raises(MalformedMessage):
+        KernelMessage.from_parts([header_bytes("status"), b"{}", metadata, content])
+
+
+def test_parent_msg_id_is_peeked() -> None:
+    """Routing: the parent's msg_id is peeked; an empty or id-less parent gives None."""
+    header = header_bytes("status")
+    assert make_message("status", {}, parent_msg_id="p-9").parent_msg_id == "p-9"
+    assert make_message("status", {}).parent_msg_id is None
+    assert KernelMessage.from_parts([header, b"", b"{}", b"{}"]).parent_msg_id is None
+    assert KernelMessage.from_parts([header, b'{"msg_id": 3}', b"{}", b"{}"]).parent_msg_id is None
+    with pytest.raises(MalformedMessage, match="parent_header"):
+        KernelMessage.from_parts([header, b"[]", b"{}", b"{}"])
+
+
+def test_stream_without_string_name_and_text_is_not_a_stream() -> None:
+    """Invariant 6: only a stream message with string name and text is coalescable."""
+    odd = make_message("stream", {"name": "stdout", "text": ["a", "b"]})
+    assert (odd.stream_name, odd.text, odd.is_stream) == (None, None, False)
+    assert stream("stdout", "").is_stream is True
+    with pytest.raises(MalformedMessage, match="content is not valid JSON"):
+        KernelMessage.from_parts([header_bytes("stream"), b"{}", b"{}", b"{oops"])
+
+
+def test_signer_rejects_schemes_that_are_not_hmac() -> None:
+    """Invariant 8: a signature scheme other than hmac-<digest> is refused up front."""
+    for scheme in ("sha256", "hmac", "hmac-", "rsa-sha256", ""):
+        with pytest.raises(ValueError, match="unsupported signature scheme"):
+            Signer(KEY, scheme)
+
+
+def test_signer_rejects_unknown_digest_up_front() -> None:
+    """Invariant 8: an hmac scheme naming a digest hashlib lacks is refused when the Signer
+    is built (as jupyter_client's Session refuses it), not on the first message."""
+    with pytest.raises(ValueError, match="nosuchdigest"):
+        Signer(KEY, "hmac-nosuchdigest")
+
+
+def test_signer_supports_other_digests() -> None:
+    """Invariant 8: hmac-sha512 signs and verifies like Session with that scheme."""
+    parts = make_parts("status", {"execution_state": "idle"})
+    signer = Signer(KEY, "hmac-sha512")
+    signature = signer.sign(parts)
+    assert signature == Session(key=KEY, signature_scheme="hmac-sha512").sign(parts)
+    assert len(signature) == 128
+    signer.verify(signature, parts)
+    with pytest.raises(BadSignature):
+        signer.verify(Signer(KEY).sign(parts), parts)
+
+
+def test_synthesize_builds_a_gateway_message() -> None:
+    """Invariant 1: messages the gateway publishes itself are ordinary KernelMessages."""
+    message = KernelMessage.synthesize(
+        "status",
+        {"execution_state": "restarting"},
+        msg_id="gw-1",
+        date="2024-05-06T07:08:09Z",
+        session="gw-session",
+    )
+    assert message.msg_type == "status"
+    assert message.msg_id == "gw-1"
+    assert message.parent_msg_id is None
+    assert message.header() == {
+        "msg_id": "gw-1",
+        "msg_type": "status",
+        "username": "kernel_gateway_stream",
+        "session": "gw-session",
+        "date": "2024-05-06T07:08:09Z",
+        "version": "5.3",
+    }
+    assert message.raw_parent_header == b"{}"
+    assert message.raw_metadata == b"{}"
+    assert message.content() == {"execution_state": "restarting"}
+    assert message.buffers == ()
+    assert message.is_stream is False
+
+
+def test_synthesize_stream_is_a_stream_and_honours_username() -> None:
+    """Invariant 6: a synthesized stream message is coalescable like a kernel's."""
+    message = KernelMessage.synthesize(
+        "stream",
+        {"name": "stderr", "text": "notice\n"},
+        msg_id="gw-2",
+        date="2024-05-06T07:08:09Z",
+        session="gw-session",
+        username="ops",
+    )
+    assert (message.stream_name, message.text) == ("stderr", "notice\n")
+    assert message.header()["username"] == "ops"
