@@ -195,6 +195,11 @@ class KernelTap:
     def _on_dead(self) -> None:
         self.publish_status("dead")
 
+    def stop(self) -> None:
+        """Stop reading, keeping the kernel's state (the gateway itself is shutting down)."""
+        self._closed = True
+        self._disconnect()
+
     def close(self) -> list[Subscriber]:
         """Stop tapping (the kernel shut down). Returns the subscribers that were attached."""
         if self._closed:
@@ -335,6 +340,5 @@ class TapManager(LoggingConfigurable):
         if self._reconciler is not None:
             self._reconciler.stop()
         for kernel_id in list(self.taps):
-            tap = self.taps.pop(kernel_id)
-            tap._disconnect()
+            self.taps.pop(kernel_id).stop()
         self.context.destroy(linger=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 from typing import Any
 
 import pytest
@@ -49,15 +50,17 @@ async def test_transcript_is_byte_for_byte_what_the_kernel_published(
     client = jp_serverapp.kernel_manager.get_kernel(kernel_id).client()
     client.start_channels()
     try:
-        # Beat the slow joiner: ask until our own IOPub socket sees the reply's status.
-        while True:
-            info_id = client.kernel_info()
+        # Beat the slow joiner: ask until our own IOPub socket sees a reply's status.
+        asked: set[str] = set()
+        subscribed = False
+        while not subscribed:
+            asked.add(client.kernel_info())
             try:
-                message = await client.get_iopub_msg(timeout=seconds(1))
-            except Exception:
+                while not subscribed:
+                    message = await client.get_iopub_msg(timeout=seconds(1))
+                    subscribed = message["parent_header"].get("msg_id") in asked
+            except queue.Empty:
                 continue
-            if message["parent_header"].get("msg_id") == info_id:
-                break
         ws = await connect(kernel_id)
         msg_id = ws.execute(FIDELITY_CODE)
         direct, via_ws = await asyncio.gather(collect_direct(client, msg_id), ws.until_idle(msg_id))
