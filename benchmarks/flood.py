@@ -70,7 +70,8 @@ class Server:
         common = [f"--port={self.port}", f"--IdentityProvider.token={TOKEN}"]
         if self.kind == "gateway":
             return [sys.executable, "-m", "kernel_gateway_stream", *common]
-        no_gateway = '--ServerApp.jpserver_extensions={"kernel_gateway_stream": false}'
+        # Our extension is enabled for every jupyter server once installed: turn it off.
+        no_gateway = "--ServerApp.jpserver_extensions=kernel_gateway_stream=False"
         argv = [sys.executable, "-m", "jupyter_server", *common, no_gateway, "--no-browser"]
         argv.append("--allow-root")
         if self.kind == "jupyter_server (limit off)":

@@ -29,6 +29,7 @@ from typing import Any
 
 import zmq
 from jupyter_client.session import Session
+from jupyter_server._tz import utcnow
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
@@ -139,8 +140,28 @@ class KernelTap:
             shell.close(linger=0)
 
     def _on_iopub(self, frames: list[bytes]) -> None:
+        """ZMQStream callback for one message; drains what else is queued, in a batch.
+
+        ZMQStream costs an event-loop iteration per message; a fast kernel is cheaper to
+        read in batches (bounded, so other work on the loop still gets its turn).
+        """
         if not self.ready.done():
             self.ready.set_result(None)
+            self.manager.retire_activity_watcher(self.kernel_id)
+        self._decode_and_record(frames)
+        socket = self._iopub.socket if self._iopub is not None else None
+        taken = sum(len(frame) for frame in frames)
+        for _ in range(self.manager.iopub_batch - 1):
+            if socket is None or socket.closed or taken >= self.manager.iopub_batch_bytes:
+                return
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            taken += sum(len(frame) for frame in frames)
+            self._decode_and_record(frames)
+
+    def _decode_and_record(self, frames: list[bytes]) -> None:
         try:
             message = decode_zmq_message(frames, self.signer)
         except RemoteError as error:
@@ -154,6 +175,27 @@ class KernelTap:
         record = self.sequencer.assign(message, time.time())
         self.store.append(record)
         self.broker.publish(record)
+        self._track_activity(message)
+
+    def _track_activity(self, message: KernelMessage) -> None:
+        """What jupyter_server's activity watcher does (``last_activity`` for culling and
+        the kernels API, ``execution_state`` from status), without a second IOPub socket
+        and a full deserialize of every message."""
+        multi = self.manager.kernel_manager
+        kernel = self.kernel_manager
+        tracked = multi.track_message_type(message.parent_msg_type)
+        if (
+            tracked
+            or multi.track_message_type(message.msg_type)
+            or kernel.execution_state == "busy"
+        ):
+            multi.last_kernel_activity = kernel.last_activity = utcnow()
+        state = message.execution_state
+        if state is not None:
+            if tracked:
+                kernel.execution_state = state
+            elif kernel.execution_state == "starting" and state != "starting":
+                kernel.execution_state = "idle"
 
     def publish_status(self, execution_state: str) -> None:
         """Record a status the kernel cannot send itself (``restarting``, ``dead``)."""
@@ -235,6 +277,17 @@ class TapManager(LoggingConfigurable):
         "while the gateway is briefly busy before the kernel's PUB socket starts dropping "
         "(the OS caps it at net.core.rmem_max). 0 leaves it to TCP autotuning.",
     )
+    iopub_batch = Int(
+        500,
+        config=True,
+        help="Most IOPub messages a Tap reads in one turn of the event loop.",
+    )
+    iopub_batch_bytes = Int(
+        256 * 1024,
+        config=True,
+        help="Most IOPub bytes a Tap reads in one turn of the event loop (a client's queue "
+        "can grow by this much before its writer runs; keep subscriber limits well above).",
+    )
     reconcile_interval = Float(
         5.0,
         config=True,
@@ -296,6 +349,26 @@ class TapManager(LoggingConfigurable):
         self.log.info("Tapping kernel %s from seq %s", kernel_id, tap.head + 1)
         return tap
 
+    def retire_activity_watcher(self, kernel_id: str) -> None:
+        """Close jupyter_server's own IOPub activity watcher for a tapped kernel.
+
+        jupyter_server opens a second IOPub socket per kernel and deserializes every message
+        on it to keep ``last_activity`` and ``execution_state``; the Tap already does that
+        (:meth:`KernelTap._track_activity`). Its ``stop_watching_activity`` would also run a
+        pending restart's cleanup, so only the socket is closed here.
+        """
+        if not hasattr(self.kernel_manager, "track_message_type"):
+            return
+        try:
+            kernel = self.kernel_manager.get_kernel(kernel_id)
+        except KeyError:
+            return
+        stream = getattr(kernel, "_activity_stream", None)
+        if stream is not None:
+            if not stream.closed():
+                stream.close()
+            kernel._activity_stream = None
+
     def close_tap(self, kernel_id: str) -> None:
         tap = self.taps.pop(kernel_id, None)
         if tap is None:
@@ -322,9 +395,12 @@ class TapManager(LoggingConfigurable):
 
     async def reconcile(self) -> None:
         running = set(self.kernel_manager.list_kernel_ids())
-        for kernel_id in list(self.taps):
+        for kernel_id, tap in list(self.taps.items()):
             if kernel_id not in running:
                 self.close_tap(kernel_id)
+            elif tap.ready.done():
+                # jupyter_server restarts its watcher after a restart that moved ports.
+                self.retire_activity_watcher(kernel_id)
         for kernel_id in running - set(self.taps):
             await self._ensure_logged(kernel_id)
 

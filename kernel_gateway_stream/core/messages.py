@@ -52,6 +52,10 @@ class KernelMessage:
     buffers: tuple[bytes, ...] = ()
     stream_name: str | None = None
     text: str | None = None
+    #: The parent header's msg_type (activity tracking counts what a request caused).
+    parent_msg_type: str | None = None
+    #: For ``status`` messages, the content's execution_state.
+    execution_state: str | None = None
 
     @property
     def size(self) -> int:
@@ -127,17 +131,20 @@ class KernelMessage:
         msg_id = header.get("msg_id")
         if not isinstance(msg_type, str) or not isinstance(msg_id, str):
             raise MalformedMessage("header needs string msg_type and msg_id")
-        parent_msg_id = _peek_msg_id(raw_parent)
+        parent_msg_id, parent_msg_type = _peek_parent(raw_parent)
         if raw_metadata != b"{}":
             _load_object(raw_metadata, "metadata")
         # Parsed for every message: raw content is pasted into legacy JSON as it is, so it
         # must be a JSON object.
         content = _load_object(raw_content, "content")
-        stream_name = text = None
+        stream_name = text = execution_state = None
         if msg_type == "stream":
             name, value = content.get("name"), content.get("text")
             if isinstance(name, str) and isinstance(value, str):
                 stream_name, text = name, value
+        elif msg_type == "status":
+            state = content.get("execution_state")
+            execution_state = state if isinstance(state, str) else None
         return cls(
             msg_type=msg_type,
             msg_id=msg_id,
@@ -149,6 +156,8 @@ class KernelMessage:
             buffers=tuple(bytes(b) for b in parts[4:]),
             stream_name=stream_name,
             text=text,
+            parent_msg_type=parent_msg_type,
+            execution_state=execution_state,
         )
 
 
@@ -234,8 +243,13 @@ def _load_object(raw: bytes, what: str) -> dict[str, Any]:
     return value
 
 
-def _peek_msg_id(raw_parent: bytes) -> str | None:
+def _peek_parent(raw_parent: bytes) -> tuple[str | None, str | None]:
+    """The parent header's ``(msg_id, msg_type)``; Nones for a message with no parent."""
     if raw_parent in (b"{}", b""):
-        return None
-    value = _load_object(raw_parent, "parent_header").get("msg_id")
-    return value if isinstance(value, str) else None
+        return None, None
+    parent = _load_object(raw_parent, "parent_header")
+    msg_id, msg_type = parent.get("msg_id"), parent.get("msg_type")
+    return (
+        msg_id if isinstance(msg_id, str) else None,
+        msg_type if isinstance(msg_type, str) else None,
+    )

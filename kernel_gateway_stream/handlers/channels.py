@@ -71,6 +71,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self.subscriber: Subscriber | None = None
         self._held: list[tuple[str, list[bytes]]] = []
         self._closed = False
+        self._counted = False
 
     @property
     def services(self) -> Services:
@@ -99,8 +100,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             stale.websocket_handler.close()
             stale.disconnect()
         self._open_sessions[self.session_key] = self
+        # The handler checked ``since`` against the head before the upgrade; heads only grow.
         since: int | None = getattr(self.websocket_handler, "since", None)
-        if since is None and self.websocket_handler.get_argument("session_id", None):
+        if since is None and self.client_session:
             since = await self.services.store.load_cursor(self.kernel_id, self.session_id)
             if since is not None:
                 since = min(since, self.tap.head)
@@ -121,10 +123,13 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             self.kernel_id, self.services.broker, self.services.store, self, queue
         )
         self.multi_kernel_manager.notify_connect(self.kernel_id)
-        try:
-            await self.subscriber.start(since)
-        except SequenceAhead as error:
-            self._close(4400, {"reason": error.reason, "head": error.head})
+        self._counted = True
+        await self.subscriber.start(since)
+
+    @property
+    def client_session(self) -> bool:
+        """True if the client named its session (``?session_id=``), so it can come back."""
+        return bool(self.websocket_handler.get_argument("session_id", None))
 
     def disconnect(self) -> None:  # type: ignore[override]  # called without await
         if self._closed:
@@ -132,12 +137,14 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self._closed = True
         if self._open_sessions.get(self.session_key) is self:
             del self._open_sessions[self.session_key]
-        self.multi_kernel_manager.notify_disconnect(self.kernel_id)
+        if self._counted:
+            self.multi_kernel_manager.notify_disconnect(self.kernel_id)
         if self.subscriber is not None:
             self.subscriber.close()
-            self.services.store.save_cursor(
-                self.kernel_id, self.session_id, self.subscriber.last_seq
-            )
+            if self.client_session:
+                self.services.store.save_cursor(
+                    self.kernel_id, self.session_id, self.subscriber.last_seq
+                )
         for stream in self.channels.values():
             if not stream.closed():
                 stream.on_recv(None)

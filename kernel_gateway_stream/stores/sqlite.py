@@ -391,6 +391,10 @@ class SQLiteTranscriptStore(TranscriptStore):
     def apply_retention(self, connection: sqlite3.Connection, now: float) -> None:
         """Discard what retention says to discard. Runs on the writer thread (tests may
         call it with a connection of their own)."""
+        horizon = max(self.max_age, self.keep_after_shutdown)
+        if horizon:
+            with connection:
+                connection.execute("DELETE FROM cursors WHERE updated < ?", (now - horizon,))
         kernels = connection.execute(
             "SELECT kernel_id, head, first_seq, bytes, ended FROM kernels"
         ).fetchall()

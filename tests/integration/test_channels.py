@@ -175,12 +175,12 @@ async def test_slow_client_is_disconnected_with_its_resume_point(
 ) -> None:
     """Invariant 3: a client that stops reading is disconnected with a reason and the last
     seq it was sent, the other client gets everything, and the slow one resumes exactly."""
-    services.subscriber_options["max_bytes"] = 256 * 1024
+    services.subscriber_options["max_bytes"] = 4 * 1024 * 1024
     kernel_id = await start_kernel()
     stalled = await connect(kernel_id, protocol="legacy")
     runner = await connect(kernel_id, protocol="v1")
     line = "x" * 1000
-    lines = 20000
+    lines = 25000
     msg_id = runner.execute(f"for i in range({lines}): print({line!r}, i, flush=True)")
     expected = "".join(f"{line} {i}\n" for i in range(lines))
     received = await runner.until_idle(msg_id, timeout=300)
@@ -318,3 +318,29 @@ async def test_local_ipykernel_iopub_queues_instead_of_dropping(
     )
     received = await ws.until_idle(msg_id)
     assert received.text() == "LosslessIOPubKernelApp 0\n"
+
+
+async def test_the_tap_keeps_kernel_activity_for_the_kernels_api(
+    jp_serverapp: Any, start_kernel: Any, connect: Any, jp_fetch: Any
+) -> None:
+    """The Tap replaces jupyter_server's second IOPub socket per kernel: the kernels API
+    still reports execution_state and last_activity (culling depends on them)."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    before = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
+    msg_id = ws.execute("import time; time.sleep(0.5)")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(30)
+    states = set()
+    while loop.time() < deadline and "busy" not in states:
+        states.add(
+            json.loads((await jp_fetch("api", "kernels", kernel_id)).body)["execution_state"]
+        )
+        await asyncio.sleep(0.05)
+    await ws.until_idle(msg_id)
+    after = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
+    assert "busy" in states
+    assert after["execution_state"] == "idle"
+    assert after["last_activity"] > before["last_activity"]
+    kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    assert getattr(kernel, "_activity_stream", None) is None

@@ -129,6 +129,20 @@ async def test_retention_after_shutdown_and_by_age(tmp_path: Any) -> None:
     store.close()
 
 
+async def test_old_session_cursors_are_purged(tmp_path: Any) -> None:
+    path = str(tmp_path / "t.sqlite3")
+    store = open_store(path, max_age=3600.0, keep_after_shutdown=60.0)
+    store.save_cursor("k", "fresh", 7)
+    await store.flush()
+    connection = sqlite3.connect(path)
+    with connection:
+        connection.execute("INSERT INTO cursors VALUES ('k', 'stale', 3, ?)", (time.time() - 7200,))
+    store.apply_retention(connection, time.time())
+    rows = connection.execute("SELECT session_id FROM cursors").fetchall()
+    assert rows == [("fresh",)]
+    store.close()
+
+
 async def test_session_cursors_survive_a_restart(tmp_path: Any) -> None:
     path = str(tmp_path / "t.sqlite3")
     store = open_store(path)
