@@ -80,6 +80,7 @@ class KernelTap:
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.received = 0
         self.rejected = 0
+        self._active = False
         self._iopub: ZMQStream | None = None
         self._nudger: asyncio.Task[None] | None = None
         self._closed = False
@@ -148,18 +149,23 @@ class KernelTap:
         if not self.ready.done():
             self.ready.set_result(None)
             self.manager.retire_activity_watcher(self.kernel_id)
+        self._active = False
         self._decode_and_record(frames)
         socket = self._iopub.socket if self._iopub is not None else None
         taken = sum(len(frame) for frame in frames)
         for _ in range(self.manager.iopub_batch - 1):
             if socket is None or socket.closed or taken >= self.manager.iopub_batch_bytes:
-                return
+                break
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             taken += sum(len(frame) for frame in frames)
             self._decode_and_record(frames)
+        if self._active:
+            # Once per batch: last_activity is a trait, and setting one is not free.
+            multi = self.manager.kernel_manager
+            multi.last_kernel_activity = self.kernel_manager.last_activity = utcnow()
 
     def _decode_and_record(self, frames: list[bytes]) -> None:
         try:
@@ -180,16 +186,13 @@ class KernelTap:
     def _track_activity(self, message: KernelMessage) -> None:
         """What jupyter_server's activity watcher does (``last_activity`` for culling and
         the kernels API, ``execution_state`` from status), without a second IOPub socket
-        and a full deserialize of every message."""
+        and a full deserialize of every message. ``last_activity`` is set once per batch."""
         multi = self.manager.kernel_manager
         kernel = self.kernel_manager
         tracked = multi.track_message_type(message.parent_msg_type)
-        if (
-            tracked
-            or multi.track_message_type(message.msg_type)
-            or kernel.execution_state == "busy"
-        ):
-            multi.last_kernel_activity = kernel.last_activity = utcnow()
+        if not self._active:
+            busy = kernel.execution_state == "busy"
+            self._active = tracked or busy or multi.track_message_type(message.msg_type)
         state = message.execution_state
         if state is not None:
             if tracked:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import BadSignature, MalformedMessage
@@ -56,17 +56,13 @@ class KernelMessage:
     parent_msg_type: str | None = None
     #: For ``status`` messages, the content's execution_state.
     execution_state: str | None = None
+    #: Bytes on the wire, without framing: what queues and retention count. Computed.
+    size: int = field(init=False, default=0)
 
-    @property
-    def size(self) -> int:
-        """Bytes on the wire, without framing: what queues and retention count."""
-        return (
-            len(self.raw_header)
-            + len(self.raw_parent_header)
-            + len(self.raw_metadata)
-            + len(self.raw_content)
-            + sum(len(b) for b in self.buffers)
-        )
+    def __post_init__(self) -> None:
+        size = len(self.raw_header) + len(self.raw_parent_header) + len(self.raw_metadata)
+        size += len(self.raw_content) + sum(len(b) for b in self.buffers)
+        object.__setattr__(self, "size", size)
 
     @property
     def is_stream(self) -> bool:
