@@ -109,11 +109,7 @@ async def test_reconnect_with_session_id_gets_exactly_what_it_missed(
     msg_id = first.execute(
         "import time\nfor i in range(4000):\n    print(i, flush=True)\n    time.sleep(0.0005)"
     )
-    before = Received()
-    while len(before.text().splitlines()) < 500:
-        message = await first.receive()
-        assert message is not None
-        before.messages.append(message)
+    before = await first.until_lines(500)
     first.close()
     before.messages.extend((await first.drain_until_closed()).messages)
     await asyncio.sleep(seconds(0.5))  # output goes on with nobody connected
@@ -134,11 +130,7 @@ async def test_since_resumes_exactly_across_replay_to_live(
     msg_id = live.execute(
         "import time\nfor i in range(3000):\n    print(i, flush=True)\n    time.sleep(0.0005)"
     )
-    early = Received()
-    while len(early.text().splitlines()) < 300:
-        message = await live.receive()
-        assert message is not None
-        early.messages.append(message)
+    early = await live.until_lines(300)
     since = early.seq_ranges()[-1][1] - 50
     late = await connect(kernel_id, since=since, protocol="v1")
     resumed = await late.until_idle(msg_id)

@@ -155,6 +155,15 @@ class KernelWS:
             ):
                 return received
 
+    async def until_lines(self, count: int) -> Received:
+        """Messages until at least ``count`` lines of stdout have arrived."""
+        received = Received()
+        while len(received.text().splitlines()) < count:
+            message = await self.receive()
+            assert message is not None, "connection closed before enough output"
+            received.messages.append(message)
+        return received
+
     async def drain_until_closed(self, timeout: float = 60) -> Received:
         """Read everything until the server's close frame."""
         received = Received()
