@@ -50,10 +50,12 @@ def connect(
 ) -> Any:
     opened: list[KernelWS] = []
 
-    async def open_ws(kernel_id: str, **options: Any) -> KernelWS:
+    async def open_ws(
+        kernel_id: str, headers: dict[str, str] | None = None, **options: Any
+    ) -> KernelWS:
         base = jp_base_url.rstrip("/")
         url = f"ws://127.0.0.1:{jp_http_port}{base}/api/kernels/{kernel_id}/channels"
-        ws = await KernelWS.open(url, dict(jp_auth_header), **options)
+        ws = await KernelWS.open(url, {**jp_auth_header, **(headers or {})}, **options)
         opened.append(ws)
         return ws
 

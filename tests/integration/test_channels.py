@@ -6,12 +6,14 @@ Each test names the DESIGN.md invariant it states.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from typing import Any
 
 import pytest
 from tornado.httpclient import HTTPClientError
+from tornado.websocket import WebSocketClosedError
 
 from ..timing import seconds
 from .wsclient import KernelWS, Received
@@ -336,3 +338,22 @@ async def test_the_tap_keeps_kernel_activity_for_the_kernels_api(
     assert after["last_activity"] > before["last_activity"]
     kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
     assert getattr(kernel, "_activity_stream", None) is None
+
+
+async def test_oversized_inbound_frame_closes_only_its_socket(
+    start_kernel: Any, connect: Any, transcript: Any
+) -> None:
+    """Invariant 8 (F7): an inbound frame over tornado's size limit (10 MiB) closes that
+    socket; other clients and the transcript are untouched."""
+    kernel_id = await start_kernel()
+    good = await connect(kernel_id)
+    big = await connect(kernel_id)
+    with contextlib.suppress(WebSocketClosedError):
+        # The server may close before the client has finished sending.
+        await big.ws.write_message("x" * (11 * 1024 * 1024))
+    await big.drain_until_closed()  # times out unless the server closed it
+    # tornado sends 1009 and aborts at once, so the close frame may not reach the client.
+    assert big.ws.close_code in (1009, None)
+    msg_id = good.execute("print('still here')")
+    assert (await good.until_idle(msg_id)).text() == "still here\n"
+    assert await transcript(kernel_id, format="text", parent=msg_id) == "still here\n"
