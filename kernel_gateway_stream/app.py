@@ -22,6 +22,7 @@ from .broker.base import Broker
 from .broker.memory import MemoryBroker
 from .handlers.channels import ChannelsHandler, StreamChannelsConnection, close_subscribers
 from .handlers.common import SETTINGS_KEY, Services
+from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
 from .kernels import StreamKernelManager
 from .stores.base import TranscriptStore
@@ -103,6 +104,12 @@ class GatewayStreamApp(ExtensionApp):
         help="A client whose oldest queued message has waited this many seconds is disconnected "
         "as too slow (close code 4008).",
     )
+    sse_heartbeat_interval = Float(
+        15.0,
+        config=True,
+        help="Seconds between the keep-alive comment lines of an idle SSE stream, so that "
+        "proxies do not close it.",
+    )
     subscriber_merge_max_bytes = Int(
         1024 * 1024,
         config=True,
@@ -135,6 +142,7 @@ class GatewayStreamApp(ExtensionApp):
                 "max_lag": self.subscriber_max_lag,
                 "merge_max_bytes": self.subscriber_merge_max_bytes,
             },
+            sse_heartbeat=self.sse_heartbeat_interval,
         )
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
         kernel_manager = serverapp.kernel_manager
@@ -151,6 +159,7 @@ class GatewayStreamApp(ExtensionApp):
             [
                 (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/transcript", TranscriptHandler),
+                (rf"/api/kernels/{_KERNEL_ID}/stream", StreamHandler),
             ]
         )
 

@@ -109,28 +109,41 @@ class Subscriber:
         self._wake.set()
 
     async def _replay(self, since: int, head: int) -> None:
+        """Send ``(since, head]`` from the store, filtered as the queue is, page by page."""
         cursor = since
         first = True
         while cursor < head and not self._closed:
-            page = await self.store.read(self.kernel_id, cursor, self.replay_page, until=head)
+            page = await self.store.read(
+                self.kernel_id,
+                cursor,
+                self.replay_page,
+                until=head,
+                parent=self.queue.parent,
+                msg_types=self.queue.msg_types,
+            )
             frames = frames_from_records(page.records, self.replay_frame_bytes)
             if first and page.discarded is not None:
                 notice = self.transport.discarded(*page.discarded)
                 if notice is not None:
                     frames.insert(0, notice)
             first = False
-            if not page.records:
+            if frames and not await self._send_replayed(frames):
+                return
+            if len(page.records) < self.replay_page:
                 break
-            if not self.transport.is_open():
-                self.close()
-                return
-            self.queue.sent(frames)
-            try:
-                await self.transport.send(frames)
-            except TransportClosed:
-                self.close()
-                return
             cursor = page.records[-1].seq
+
+    async def _send_replayed(self, frames: list[Frame]) -> bool:
+        if not self.transport.is_open():
+            self.close()
+            return False
+        self.queue.sent(frames)
+        try:
+            await self.transport.send(frames)
+        except TransportClosed:
+            self.close()
+            return False
+        return True
 
     def offer(self, frame: Frame, now: float) -> None:
         """Queue a frame (called by the broker); never blocks."""

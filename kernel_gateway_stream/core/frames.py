@@ -15,10 +15,10 @@ touch, so a merge never crosses another message.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .messages import KernelMessage, Record
-from .wire import Protocol, encode_legacy, encode_v1, metadata_with_seq
+from .wire import Protocol, encode_legacy, encode_sse, encode_v1, metadata_with_seq
 
 __all__ = ["Frame", "frames_from_records", "merge_runs"]
 
@@ -110,6 +110,10 @@ class Frame:
         if protocol is Protocol.V1:
             parts = [message.raw_header, message.raw_parent_header, metadata, content]
             return encode_v1(self.channel, [*parts, *message.buffers]), True
+        if protocol is Protocol.SSE:
+            # The legacy JSON of the message is the event's data; buffers are not sent.
+            data = encode_legacy(self.channel, replace(message, buffers=()), metadata, content)
+            return encode_sse(message.msg_type, self.last_seq, data[0]), False
         return encode_legacy(self.channel, message, metadata, content)
 
 

@@ -47,7 +47,9 @@ class SubscriberQueue:
         "max_bytes",
         "max_lag",
         "merge_max_bytes",
+        "msg_types",
         "overflow",
+        "parent",
         "queued_bytes",
     )
 
@@ -59,6 +61,8 @@ class SubscriberQueue:
         max_lag: float = 60.0,
         merge_max_bytes: int = 1024 * 1024,
         holding: bool = False,
+        parent: str | None = None,
+        msg_types: frozenset[str] | None = None,
     ) -> None:
         self._frames: deque[Frame] = deque()
         self._times: deque[float] = deque()
@@ -69,6 +73,9 @@ class SubscriberQueue:
         self.max_lag = max_lag
         self.merge_max_bytes = merge_max_bytes
         self.holding = holding
+        #: Only IOPub frames of this parent msg_id, and of these types, are queued.
+        self.parent = parent
+        self.msg_types = msg_types
         self.queued_bytes = 0
         self.overflow: Overflow | None = None
 
@@ -83,6 +90,8 @@ class SubscriberQueue:
         """
         if self.overflow is not None:
             return self.overflow
+        if frame.channel == "iopub" and not self.wants(frame):
+            return None
         if frame.last_seq is not None:
             if frame.last_seq <= self._queued_head:
                 return None
@@ -95,6 +104,12 @@ class SubscriberQueue:
         if now - self._times[0] > self.max_lag:
             return self._overflow(f"slow consumer: more than {self.max_lag:g} s behind")
         return None
+
+    def wants(self, frame: Frame) -> bool:
+        """True if ``frame`` passes this subscriber's parent and msg_type filters."""
+        if self.parent is not None and frame.message.parent_msg_id != self.parent:
+            return False
+        return self.msg_types is None or frame.message.msg_type in self.msg_types
 
     def start_after(self, seq: int) -> None:
         """Position the queue after ``seq``: frames at or below it will not be queued."""

@@ -42,7 +42,7 @@ from ..core.frames import Frame
 from ..core.messages import KernelMessage, Signer, split_identities
 from ..core.subscription import Overflow, SubscriberQueue
 from ..core.wire import Protocol, decode_incoming
-from .common import SETTINGS_KEY, Services, parse_seq
+from .common import SETTINGS_KEY, Services, discarded_notice, parse_seq
 
 __all__ = [
     "CLOSE_KERNEL_GONE",
@@ -225,14 +225,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             raise TransportClosed from error
 
     def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
-        message = KernelMessage.synthesize(
-            "kernel_gateway_stream_discarded",
-            {"first_seq": first_seq, "last_seq": last_seq, "reason": "retention"},
-            msg_id=f"discarded-{first_seq}-{last_seq}",
-            date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            session=self.session_id or "",
-        )
-        return Frame.reply("iopub", message)
+        return discarded_notice(first_seq, last_seq, self.session_id or "")
 
     def overflowed(self, overflow: Overflow) -> None:
         self.log.warning(

@@ -46,7 +46,7 @@ def start_kernel(jp_fetch: Any) -> Any:
 
 @pytest.fixture
 def connect(
-    jp_serverapp: Any, jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str
+    http_server_client: Any, jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str
 ) -> Any:
     opened: list[KernelWS] = []
 
