@@ -10,6 +10,7 @@ that drains it into a :class:`Transport` (a WebSocket, an SSE response, ...).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABCMeta, abstractmethod
 from typing import Protocol
 
@@ -79,8 +80,10 @@ class Subscriber:
         self.replay_page = replay_page
         self.replay_frame_bytes = replay_frame_bytes
         self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
+        self._ending = False
 
     @property
     def last_seq(self) -> int:
@@ -147,7 +150,7 @@ class Subscriber:
 
     def offer(self, frame: Frame, now: float) -> None:
         """Queue a frame (called by the broker); never blocks."""
-        if self._closed:
+        if self._closed or self._ending:
             return
         overflow = self.queue.offer(frame, now)
         if overflow is not None:
@@ -160,6 +163,18 @@ class Subscriber:
     def reply(self, frame: Frame, now: float) -> None:
         """Queue a reply on the client's own shell, control or stdin channel."""
         self.offer(frame, now)
+
+    async def end(self, timeout: float) -> None:
+        """The kernel is gone: send what is already queued (up to ``timeout`` seconds), then
+        end the client's stream with :meth:`Transport.kernel_gone`."""
+        self._ending = True
+        self.broker.detach(self.kernel_id, self)
+        self._wake.set()
+        if len(self.queue) and self.transport.is_open():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout)
+        self.close()
+        self.transport.kernel_gone()
 
     def close(self) -> None:
         """Detach from the broker and stop writing. Idempotent."""
@@ -175,6 +190,8 @@ class Subscriber:
             self._wake.clear()
             frames = self.queue.take()
             if not frames:
+                if self._ending and not len(self.queue):
+                    self._drained.set()
                 continue
             if not self.transport.is_open():
                 self.close()
@@ -186,6 +203,8 @@ class Subscriber:
                 await self.transport.send(frames)
             except TransportClosed:
                 self.close()
+            if self._ending and not len(self.queue):
+                self._drained.set()
 
 
 class _BrokerMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]

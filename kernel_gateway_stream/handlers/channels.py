@@ -20,13 +20,16 @@ Close codes (RFC 6455 section 7.4.2 reserves 4000-4999 for applications):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any, ClassVar
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.services.kernels.connection.base import BaseKernelWebsocketConnection
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
+from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError
 
@@ -94,18 +97,22 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         await self.tap.ready
 
     async def connect(self) -> None:
-        stale = self._open_sessions.get(self.session_key)
-        if stale is not None:
-            self.log.warning("Replacing stale connection %s", self.session_key)
-            stale.websocket_handler.close()
-            stale.disconnect()
-        self._open_sessions[self.session_key] = self
         # The handler checked ``since`` against the head before the upgrade; heads only grow.
         since: int | None = getattr(self.websocket_handler, "since", None)
         if since is None and self.client_session:
             since = await self.services.store.load_cursor(self.kernel_id, self.session_id)
             if since is not None:
                 since = min(since, self.tap.head)
+        if self._closed:
+            return  # the client left while we looked its cursor up; nothing to undo yet
+        # From here to the Subscriber's start nothing awaits: a disconnect() that comes
+        # later finds everything it has to undo.
+        stale = self._open_sessions.get(self.session_key)
+        if stale is not None:
+            self.log.warning("Replacing stale connection %s", self.session_key)
+            stale.websocket_handler.close()
+            stale.disconnect()
+        self._open_sessions[self.session_key] = self
         identity = self.session.bsession
         for channel in ("shell", "control", "stdin"):
             stream = getattr(self.kernel_manager, "connect_" + channel)(identity=identity)
@@ -237,7 +244,8 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self._close(CLOSE_SLOW, {"reason": "slow_consumer", "last_seq": overflow.last_seq})
 
     def kernel_gone(self) -> None:
-        self._close(CLOSE_KERNEL_GONE, {"reason": "kernel_shutdown"})
+        last_seq = self.subscriber.last_seq if self.subscriber is not None else 0
+        self._close(CLOSE_KERNEL_GONE, {"reason": "kernel_shutdown", "last_seq": last_seq})
 
     def _close(self, code: int, reason: dict[str, Any]) -> None:
         text = json.dumps(reason, separators=(",", ":"))
@@ -256,6 +264,10 @@ class ChannelsHandler(KernelWebsocketHandler):
     @ws_authenticated
     async def get(self, kernel_id: str) -> None:  # type: ignore[override]
         services: Services = self.settings[SETTINGS_KEY]
+        # Authorize before saying anything about the kernel (pre_get does it again).
+        user = self.current_user
+        if not await ensure_async(self.authorizer.is_authorized(self, user, "execute", "kernels")):
+            raise web.HTTPError(403)
         try:
             self.since = parse_seq("since", self.get_argument("since", None))
             if kernel_id not in self.kernel_manager:
@@ -276,8 +288,17 @@ class ChannelsHandler(KernelWebsocketHandler):
             self.connection = None
 
 
+#: Seconds a client of a kernel that shut down gets to receive what was queued for it.
+END_DRAIN_SECONDS = 10.0
+
+
 def close_subscribers(kernel_id: str, subscribers: list[Subscriber]) -> None:
-    """TapManager ``on_close`` callback: tell connected clients their kernel is gone."""
+    """TapManager ``on_close`` callback: send each client what is queued for it (the
+    kernel's last output), then tell it the kernel is gone."""
     for subscriber in subscribers:
-        subscriber.close()
-        subscriber.transport.kernel_gone()
+        task = asyncio.ensure_future(subscriber.end(END_DRAIN_SECONDS))
+        _ending.add(task)  # asyncio keeps only weak references to running tasks
+        task.add_done_callback(_ending.discard)
+
+
+_ending: set[asyncio.Future[None]] = set()

@@ -90,7 +90,7 @@ class TranscriptHandler(APIHandler):
         if since > head:
             raise SequenceAhead(since, head)
         if output == "text":
-            await self._text(kernel_id, since, parent)
+            await self._text(kernel_id, since, head, parent)
             return
         page = await store.read(kernel_id, since, limit, parent=parent, msg_types=msg_types)
         self._json(kernel_id, page, since, running)
@@ -115,14 +115,17 @@ class TranscriptHandler(APIHandler):
         body = b",".join(record_json(record) for record in page.records)
         self.finish(head[:-1] + b',"records":[' + body + b"]}")
 
-    async def _text(self, kernel_id: str, since: int, parent: str | None) -> None:
+    async def _text(self, kernel_id: str, since: int, head: int, parent: str | None) -> None:
+        """Every page up to the head at request time, each flushed before the next read."""
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
         cursor = since
         while True:
             page = await self.services.store.read(
-                kernel_id, cursor, MAX_LIMIT, parent=parent, msg_types=("stream",)
+                kernel_id, cursor, MAX_LIMIT, until=head, parent=parent, msg_types=("stream",)
             )
             if not page.records:
                 break
             self.write("".join(record.message.text or "" for record in page.records))
+            await self.flush()
             cursor = page.records[-1].seq
         self.finish(set_content_type="text/plain; charset=utf-8")

@@ -12,6 +12,7 @@ the moment :meth:`append` returns: until its batch commits it is served from mem
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -22,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
@@ -135,6 +136,9 @@ class SQLiteTranscriptStore(TranscriptStore):
         help="Seconds a kernel's transcript is kept after the kernel shuts down. 0 keeps it "
         "until retention discards it by size or age.",
     )
+    close_timeout = Float(
+        30.0, config=True, help="Seconds shutdown waits for the writer to commit what is queued."
+    )
     retention_interval = Float(
         30.0, config=True, help="Seconds between two retention passes of the writer thread."
     )
@@ -162,8 +166,11 @@ class SQLiteTranscriptStore(TranscriptStore):
         if not hasattr(self, "_writer"):
             return
         self._queue.put(_STOP)
-        self._writer.join()
-        self._readers.shutdown(wait=True)
+        self._writer.join(self.close_timeout)
+        if self._writer.is_alive():
+            self.log.error("Transcript writer still busy after %.0f s; giving up on it",
+                           self.close_timeout)  # fmt: skip
+        self._readers.shutdown(wait=False)
 
     # -- writes (event loop) ---------------------------------------------------------
 
@@ -328,26 +335,63 @@ class SQLiteTranscriptStore(TranscriptStore):
     def _write_until_done(
         self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]
     ) -> None:
-        """Write a batch, retrying while the disk refuses (full, locked, read-only).
+        """Write a batch, retrying while the disk refuses for now (locked, busy, full).
 
-        Nothing is dropped: the records stay readable from memory meanwhile, and live
-        fan-out does not wait for this thread (DESIGN invariant 4).
+        Nothing is dropped while it retries: the records stay readable from memory, and
+        live fan-out does not wait for this thread (DESIGN invariant 4). An error that
+        retrying cannot cure (a record SQLite will not take) is isolated to its records,
+        written one by one, so one bad record cannot stop the transcript of every kernel.
         """
         delay = 0.05
         while True:
             try:
                 self._write_batch(connection, batch, records)
-            except sqlite3.Error as error:  # the writer's outermost loop: log, retry
+            except sqlite3.OperationalError as error:  # transient: log once, retry
                 if self._error is None:
                     self.log.error("Transcript write failed, retrying: %s", error)
                 self._error = error
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
+            except Exception as error:  # the writer's outermost loop: isolate, go on
+                self.log.error("Transcript batch refused (%s); writing it record by record", error)
+                self._write_one_by_one(connection, batch, records)
             if self._error is not None:
                 self.log.warning("Transcript writes recovered")
                 self._error = None
             return
+
+    def _write_one_by_one(
+        self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]
+    ) -> None:
+        """Each record alone; one that is refused is stored as a placeholder under its
+        sequence number, so numbering stays gap-free (DESIGN invariant 1)."""
+        for record in records:
+            try:
+                self._write_batch(connection, [], [record])
+            except Exception as error:
+                self.log.error("Transcript record %s/%s refused: %s", record.kernel_id,
+                               record.seq, error)  # fmt: skip
+                placeholder = KernelMessage.synthesize(
+                    "kernel_gateway_stream_unstored",
+                    {
+                        "reason": str(error)[:200],
+                        "msg_type": record.message.msg_type,
+                        "size": record.message.size,
+                    },
+                    msg_id=record.message.msg_id,
+                    date="",
+                    session="",
+                )
+                with contextlib.suppress(Exception):
+                    self._write_batch(connection, [], [replace(record, message=placeholder)])
+        for item in batch:
+            if isinstance(item, _Control):
+                try:
+                    with connection:
+                        connection.execute(item.sql, item.args)
+                except Exception as error:
+                    self.log.error("Transcript bookkeeping refused: %s", error)
 
     def _write_batch(
         self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]

@@ -154,3 +154,31 @@ async def test_session_cursors_survive_a_restart(tmp_path: Any) -> None:
     assert await reopened.load_cursor("k", "session") == 42
     assert await reopened.load_cursor("k", "other") is None
     reopened.close()
+
+
+async def test_a_record_sqlite_refuses_does_not_stop_the_others(tmp_path: Any) -> None:
+    """A permanent error on one record (here: a row over SQLite's length limit) is isolated:
+    the other records are committed, the refused one is kept as a placeholder under its
+    seq (numbering stays gap-free), and flush() returns."""
+    path = str(tmp_path / "t.sqlite3")
+    store = open_store(path)
+    store._write_batch = _with_limit(store._write_batch)  # type: ignore[method-assign]
+    store.append(stream_record("k", 1, "small"))
+    store.append(stream_record("k", 2, "x" * 50000))
+    store.append(stream_record("k", 3, "after"))
+    await asyncio.wait_for(store.flush(), seconds(30))
+    page = await store.read("k", 0, 10)
+    assert [r.seq for r in page.records] == [1, 2, 3]
+    assert page.records[1].message.msg_type == "kernel_gateway_stream_unstored"
+    assert page.records[2].message.text == "after"
+    store.close()
+
+
+def _with_limit(write_batch: Any) -> Any:
+    """The writer's batch function, with SQLite's length limit lowered on its connection."""
+
+    def limited(connection: sqlite3.Connection, batch: list[Any], records: list[Record]) -> None:
+        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 10000)
+        write_batch(connection, batch, records)
+
+    return limited

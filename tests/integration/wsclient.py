@@ -56,6 +56,8 @@ class KernelWS:
         self.ws = ws
         self.protocol = protocol
         self.session_id = session_id
+        #: Every message received on this connection, in order.
+        self.history: list[dict[str, Any]] = []
 
     @classmethod
     async def open(
@@ -137,6 +139,7 @@ class KernelWS:
         else:
             message = json.loads(data)
         message["msg_type"] = message["header"]["msg_type"]
+        self.history.append(message)
         return message
 
     async def until_idle(self, parent_msg_id: str, timeout: float = 120) -> Received:
