@@ -20,8 +20,16 @@ from traitlets import Bool, Float, Int, List, Type, Unicode
 
 from .broker.base import Broker
 from .broker.memory import MemoryBroker
+from .executions import ExecutionManager
 from .handlers.channels import ChannelsHandler, StreamChannelsConnection, close_subscribers
 from .handlers.common import SETTINGS_KEY, Services
+from .handlers.execute import (
+    ExecuteHandler,
+    ExecutionEventsHandler,
+    ExecutionHandler,
+    ExecutionInputHandler,
+    ExecutionInterruptHandler,
+)
 from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
 from .kernels import StreamKernelManager
@@ -35,6 +43,7 @@ DEFAULT_KM = "jupyter_server.services.kernels.kernelmanager.ServerKernelManager"
 
 # Any id, so that an id of the wrong shape still gets a JSON 404 from us.
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
+_MSG_ID = r"(?P<msg_id>[^/]+)"
 
 
 class StreamServerApp(ServerApp):
@@ -144,6 +153,8 @@ class GatewayStreamApp(ExtensionApp):
             },
             sse_heartbeat=self.sse_heartbeat_interval,
         )
+        self.executions = ExecutionManager(self.taps, self.store, parent=self, log=self.log)
+        self.settings["kernel_gateway_stream_executions"] = self.executions
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
         kernel_manager = serverapp.kernel_manager
         if self.lossless_kernel_iopub and kernel_manager.kernel_manager_class == DEFAULT_KM:
@@ -160,6 +171,14 @@ class GatewayStreamApp(ExtensionApp):
                 (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/transcript", TranscriptHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/stream", StreamHandler),
+                (rf"/api/kernels/{_KERNEL_ID}/execute", ExecuteHandler),
+                (rf"/api/kernels/{_KERNEL_ID}/executions/{_MSG_ID}", ExecutionHandler),
+                (rf"/api/kernels/{_KERNEL_ID}/executions/{_MSG_ID}/events", ExecutionEventsHandler),
+                (rf"/api/kernels/{_KERNEL_ID}/executions/{_MSG_ID}/input", ExecutionInputHandler),
+                (
+                    rf"/api/kernels/{_KERNEL_ID}/executions/{_MSG_ID}/interrupt",
+                    ExecutionInterruptHandler,
+                ),
             ]
         )
 
@@ -172,6 +191,7 @@ class GatewayStreamApp(ExtensionApp):
         now = time.time()
         for kernel_id in list(self.taps.taps):
             self.store.kernel_ended(kernel_id, now)
+        self.executions.close()
         self.taps.close()
         await self.store.flush()
         self.store.close()

@@ -176,6 +176,11 @@ class KernelTap:
             return
         self._record(message)
 
+    def record_message(self, message: KernelMessage) -> None:
+        """Record a message that did not come on IOPub (an ``input_request`` for one of the
+        gateway's own executions): it gets the next seq, like any other."""
+        self._record(message)
+
     def _record(self, message: KernelMessage) -> None:
         self.received += 1
         record = self.sequencer.assign(message, time.time())

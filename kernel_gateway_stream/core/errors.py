@@ -6,7 +6,9 @@ The tree::
     ├── LocalError                 the caller misused us (maps to HTTP 4xx / WS 4xxx)
     │   ├── BadRequest             a parameter is malformed or out of range      (400)
     │   │   └── SequenceAhead      ``since`` is past the kernel's head           (400)
-    │   └── UnknownKernel          no running kernel and no transcript           (404)
+    │   ├── UnknownKernel          no running kernel and no transcript           (404)
+    │   ├── UnknownExecution       no execution with that msg_id on the kernel   (404)
+    │   └── NoInputPending         input for an execution that is not asking     (409)
     └── RemoteError                a peer (kernel or client) sent something invalid
         ├── MalformedMessage       bytes or JSON that do not form a message
         └── BadSignature           an HMAC that does not match the session key
@@ -24,8 +26,10 @@ __all__ = [
     "GatewayStreamError",
     "LocalError",
     "MalformedMessage",
+    "NoInputPending",
     "RemoteError",
     "SequenceAhead",
+    "UnknownExecution",
     "UnknownKernel",
 ]
 
@@ -73,6 +77,24 @@ class UnknownKernel(LocalError):
     def __init__(self, kernel_id: str) -> None:
         super().__init__(f"no kernel or transcript with id {kernel_id!r}")
         self.kernel_id = kernel_id
+
+
+class UnknownExecution(LocalError):
+    """No execution with this msg_id is known on the kernel."""
+
+    status = 404
+    reason = "unknown_execution"
+
+    def __init__(self, msg_id: str) -> None:
+        super().__init__(f"no execution with msg_id {msg_id!r}")
+        self.msg_id = msg_id
+
+
+class NoInputPending(LocalError):
+    """Input was sent for an execution that is not waiting for any."""
+
+    status = 409
+    reason = "no_input_pending"
 
 
 class RemoteError(GatewayStreamError):

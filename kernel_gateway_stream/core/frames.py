@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
+from .executions import normalize
 from .messages import KernelMessage, Record
 from .wire import Protocol, encode_legacy, encode_sse, encode_v1, metadata_with_seq
 
@@ -110,10 +111,16 @@ class Frame:
         if protocol is Protocol.V1:
             parts = [message.raw_header, message.raw_parent_header, metadata, content]
             return encode_v1(self.channel, [*parts, *message.buffers]), True
+        if protocol is Protocol.EXECUTION:
+            event = normalize(message, self.merged_text)
+            if event is None:
+                return b"", False
+            data = json.dumps(event[1], ensure_ascii=False).encode()
+            return encode_sse(event[0], self.last_seq, data), False
         if protocol is Protocol.SSE:
             # The legacy JSON of the message is the event's data; buffers are not sent.
-            data = encode_legacy(self.channel, replace(message, buffers=()), metadata, content)
-            return encode_sse(message.msg_type, self.last_seq, data[0]), False
+            legacy, _ = encode_legacy(self.channel, replace(message, buffers=()), metadata, content)
+            return encode_sse(message.msg_type, self.last_seq, legacy), False
         return encode_legacy(self.channel, message, metadata, content)
 
 

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 from .frames import Frame, merge_runs
 
-__all__ = ["Overflow", "SubscriberQueue"]
+__all__ = ["LIFECYCLE_STATES", "Overflow", "SubscriberQueue"]
+
+#: Statuses the gateway records when a kernel restarts or dies on its own.
+LIFECYCLE_STATES = frozenset({"restarting", "dead"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,13 @@ class SubscriberQueue:
         return None
 
     def wants(self, frame: Frame) -> bool:
-        """True if ``frame`` passes this subscriber's parent and msg_type filters."""
+        """True if ``frame`` passes this subscriber's parent and msg_type filters.
+
+        The kernel's lifecycle (a ``restarting`` or ``dead`` status) passes every filter:
+        a reader of one execution must learn that it will never finish.
+        """
+        if frame.message.execution_state in LIFECYCLE_STATES:
+            return True
         if self.parent is not None and frame.message.parent_msg_id != self.parent:
             return False
         return self.msg_types is None or frame.message.msg_type in self.msg_types

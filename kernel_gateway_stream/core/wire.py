@@ -53,6 +53,8 @@ class Protocol(enum.Enum):
     LEGACY = ""
     V1 = "v1.kernel.websocket.jupyter.org"
     SSE = "text/event-stream"
+    #: Server-Sent Events of one execution, normalized (see ``core.executions``).
+    EXECUTION = "execution-events"
 
     @classmethod
     def from_subprotocol(cls, name: str | None) -> Protocol:

@@ -44,6 +44,8 @@ class StreamHandler(APIHandler):
     """One SSE reader of one kernel; also its Subscriber's transport."""
 
     auth_resource = "kernels"
+    #: How frames are written: the full message (``SSE``) or normalized (``EXECUTION``).
+    encoding = Protocol.SSE
     _streaming = False
     _ended = False
 
@@ -55,12 +57,20 @@ class StreamHandler(APIHandler):
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:
+        last_event_id = self.request.headers.get("Last-Event-ID")
         try:
-            since, subscriber = await self._subscribe(kernel_id)
+            since = parse_seq("since", self.get_argument("since", None) or last_event_id)
+            msg_types = parse_msg_types(self.get_arguments("msg_type"))
+            parent = self.get_argument("parent", None) or None
+            subscriber = await self._subscribe(kernel_id, since, parent, msg_types)
         except LocalError as error:
             self.set_status(error.status)
             self.finish(json.dumps(error.to_json()))
             return
+        await self._stream(since, subscriber)
+
+    async def _stream(self, since: int | None, subscriber: Subscriber) -> None:
+        """Send the events until the stream ends (the reader leaves, or an end event)."""
         self._streaming = True
         self._done = asyncio.Event()
         self.set_header("Content-Type", CONTENT_TYPE)
@@ -79,10 +89,13 @@ class StreamHandler(APIHandler):
             with contextlib.suppress(StreamClosedError):  # the reader may be gone already
                 self.finish()
 
-    async def _subscribe(self, kernel_id: str) -> tuple[int | None, Subscriber]:
-        last_event_id = self.request.headers.get("Last-Event-ID")
-        since = parse_seq("since", self.get_argument("since", None) or last_event_id)
-        msg_types = parse_msg_types(self.get_arguments("msg_type"))
+    async def _subscribe(
+        self,
+        kernel_id: str,
+        since: int | None,
+        parent: str | None,
+        msg_types: frozenset[str] | None,
+    ) -> Subscriber:
         if kernel_id not in self.kernel_manager:
             raise UnknownKernel(kernel_id)
         tap = await self.services.taps.ensure(kernel_id)
@@ -94,12 +107,12 @@ class StreamHandler(APIHandler):
             max_bytes=options["max_bytes"],
             max_lag=options["max_lag"],
             merge_max_bytes=options["merge_max_bytes"],
-            parent=self.get_argument("parent", None) or None,
+            parent=parent,
             msg_types=msg_types,
         )
         broker, store = self.services.broker, self.services.store
         self.subscriber = Subscriber(kernel_id, broker, store, self, queue)
-        return since, self.subscriber
+        return self.subscriber
 
     def finish(self, *args: Any, **kwargs: Any) -> Any:
         if self._streaming:
@@ -119,11 +132,15 @@ class StreamHandler(APIHandler):
     async def send(self, frames: list[Frame]) -> None:
         try:
             for frame in frames:
-                self.write(frame.encode(Protocol.SSE)[0])
+                self.write(frame.encode(self.encoding)[0])
             await self.flush()
         except StreamClosedError as error:
             self._end()
             raise TransportClosed from error
+        await self.after_send(frames)
+
+    async def after_send(self, frames: list[Frame]) -> None:
+        """Called after each batch of frames is flushed; subclasses may end the stream."""
 
     def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
         return discarded_notice(first_seq, last_seq, "")

@@ -520,7 +520,12 @@ def _row_from_record(record: Record) -> tuple[Any, ...]:
 def _record_from_row(row: tuple[Any, ...]) -> Record:
     (kernel_id, seq, at, msg_type, msg_id, parent, stream_name, header, parent_header,
      metadata, content, buffers, _size) = row  # fmt: skip
-    text = json.loads(content).get("text") if stream_name is not None else None
+    # The fields KernelMessage peeks at when it is decoded, restored without a full decode.
+    text = execution_state = None
+    if stream_name is not None:
+        text = json.loads(content).get("text")
+    elif msg_type == "status":
+        execution_state = json.loads(content).get("execution_state")
     message = KernelMessage(
         msg_type=msg_type,
         msg_id=msg_id,
@@ -532,5 +537,6 @@ def _record_from_row(row: tuple[Any, ...]) -> Record:
         buffers=_unpack_buffers(buffers),
         stream_name=stream_name,
         text=text,
+        execution_state=execution_state,
     )
     return Record(kernel_id, seq, at, message)

@@ -42,7 +42,9 @@ def parse_events(buffer: bytes) -> tuple[list[Event], int, bytes]:
 class SSEReader:
     """Reads one stream in the background; the tests wait on what has arrived."""
 
-    def __init__(self, url: str, headers: dict[str, str]) -> None:
+    def __init__(
+        self, url: str, headers: dict[str, str], method: str = "GET", body: str | None = None
+    ) -> None:
         self.events: list[Event] = []
         self.comments = 0
         self.raw = b""
@@ -51,6 +53,8 @@ class SSEReader:
         self._client = AsyncHTTPClient(force_instance=True)
         request = HTTPRequest(
             url,
+            method=method,
+            body=body,
             headers=headers,
             streaming_callback=self._feed,
             request_timeout=seconds(600),

@@ -182,3 +182,19 @@ def _with_limit(write_batch: Any) -> Any:
         write_batch(connection, batch, records)
 
     return limited
+
+
+async def test_records_read_back_equal_those_appended(tmp_path: Any) -> None:
+    """What the store returns after a commit is the record that went in, with the peeked
+    fields readers use (stream text, execution_state); parent_msg_type is not kept."""
+    store = open_store(str(tmp_path / "t.sqlite3"))
+    status = KernelMessage.synthesize(
+        "status", {"execution_state": "idle"}, msg_id="s1", date="", session="s"
+    )
+    records = [stream_record("k", 1, "text"), Record("k", 2, time.time(), status)]
+    for record in records:
+        store.append(record)
+    await store.flush()
+    page = await store.read("k", 0, 10)
+    assert [r.message for r in page.records] == [r.message for r in records]
+    store.close()
