@@ -12,17 +12,23 @@ import asyncio
 import uuid
 from typing import Any
 
+import zmq
 from jupyter_client.session import Session
+from traitlets import Float
 from traitlets.config import LoggingConfigurable
+from zmq.eventloop.zmqstream import ZMQStream
 
 from .core.errors import RemoteError, UnknownKernel
 from .core.executions import INPUT_REQUEST, ExecutionSummary, summarize
 from .core.messages import KernelMessage, split_identities
 from .core.subscription import LIFECYCLE_STATES
 from .stores.base import TranscriptStore
-from .tap import KernelTap, TapManager
+from .tap import KernelTap, TapManager, channel_url
 
-__all__ = ["ExecutionManager", "KernelExecutor"]
+__all__ = ["UNFINISHED", "ExecutionManager", "KernelExecutor"]
+
+#: Summary statuses of an execution that has not ended.
+UNFINISHED = frozenset({"queued", "running"})
 
 
 class KernelExecutor:
@@ -39,8 +45,10 @@ class KernelExecutor:
             username="kernel_gateway_stream",
         )
         identity = f"kernel_gateway_stream-{uuid.uuid4().hex}".encode()
-        self.shell = kernel.connect_shell(identity=identity)
-        self.stdin = kernel.connect_stdin(identity=identity)
+        info = kernel.get_connection_info()
+        self.shell, shell_monitor = self._connect(info, "shell", identity)
+        self.stdin, stdin_monitor = self._connect(info, "stdin", identity)
+        self._monitors: list[zmq.Socket[bytes]] | None = [shell_monitor, stdin_monitor]
         self.shell.on_recv(self._on_shell)
         self.stdin.on_recv(self._on_stdin)
         #: Executions sent through this executor that have not ended yet, by msg_id.
@@ -48,9 +56,34 @@ class KernelExecutor:
         #: The input_request header waiting for an answer, by execution msg_id.
         self.waiting_input: dict[str, dict[str, Any]] = {}
 
+    def _connect(
+        self, info: dict[str, Any], channel: str, identity: bytes
+    ) -> tuple[ZMQStream, zmq.Socket[bytes]]:
+        socket = self.manager.taps.context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, identity)
+        socket.setsockopt(zmq.LINGER, 0)
+        monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        socket.connect(channel_url(info, channel))
+        return ZMQStream(socket), monitor
+
+    async def _handshaken(self, timeout: float) -> None:
+        """Wait until the kernel knows both our identities: its stdin ROUTER silently drops
+        an input_request for an identity whose connection is still being set up."""
+        if self._monitors is None:
+            return
+        deadline = asyncio.get_running_loop().time() + timeout
+        for monitor in self._monitors:
+            while not monitor.poll(0) and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.005)
+        for stream, monitor in zip((self.shell, self.stdin), self._monitors, strict=True):
+            stream.socket.disable_monitor()
+            monitor.close(linger=0)
+        self._monitors = None
+
     async def execute(self, code: str, *, allow_stdin: bool, stop_on_error: bool) -> str:
         """Send an execute_request once the Tap sees IOPub; returns its msg_id."""
         await self.tap.ready
+        await self._handshaken(self.manager.connect_timeout)
         content = {
             "code": code,
             "silent": False,
@@ -98,6 +131,9 @@ class KernelExecutor:
             return None
 
     def close(self) -> None:
+        for monitor in self._monitors or ():
+            monitor.close(linger=0)
+        self._monitors = None
         for stream in (self.shell, self.stdin):
             if not stream.closed():
                 stream.close(linger=0)
@@ -105,6 +141,13 @@ class KernelExecutor:
 
 class ExecutionManager(LoggingConfigurable):
     """One :class:`KernelExecutor` per kernel that the execute API is used on."""
+
+    connect_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds the execute API waits for its shell and stdin sockets to a kernel to "
+        "be connected before it sends the first request anyway.",
+    )
 
     def __init__(self, taps: TapManager, store: TranscriptStore, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -161,7 +204,7 @@ class ExecutionManager(LoggingConfigurable):
         executor = self.executors.get(kernel_id)
         if summary is None and executor is not None and msg_id in executor.running:
             summary = ExecutionSummary(msg_id, status="queued")
-        if summary is not None and summary.status != "running":
+        if summary is not None and summary.status not in UNFINISHED:
             self._cancel_timer(msg_id)
         return summary
 
@@ -178,7 +221,7 @@ class ExecutionManager(LoggingConfigurable):
 
     async def _interrupt_if_running(self, kernel_id: str, msg_id: str) -> None:
         summary = await self.summary(kernel_id, msg_id)
-        if summary is None or summary.status in ("running", "queued"):
+        if summary is None or summary.status in UNFINISHED:
             self.log.info("Execution %s hit its timeout; interrupting %s", msg_id, kernel_id)
             await self.interrupt(kernel_id)
 

@@ -41,12 +41,12 @@ from .core.messages import KernelMessage, Signer, decode_zmq_message
 from .core.sequencer import Sequencer
 from .stores.base import TranscriptStore
 
-__all__ = ["KERNEL_ACTIONS_SCHEMA", "KernelTap", "TapManager"]
+__all__ = ["KERNEL_ACTIONS_SCHEMA", "KernelTap", "TapManager", "channel_url"]
 
 KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 
 
-def _channel_url(info: dict[str, Any], channel: str) -> str:
+def channel_url(info: dict[str, Any], channel: str) -> str:
     port = info[f"{channel}_port"]
     if info.get("transport", "tcp") == "ipc":
         return f"ipc://{info['ip']}-{port}"
@@ -110,7 +110,7 @@ class KernelTap:
             socket.setsockopt(zmq.RCVBUF, self.manager.iopub_receive_buffer)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SUBSCRIBE, b"")
-        socket.connect(_channel_url(info, "iopub"))
+        socket.connect(channel_url(info, "iopub"))
         self._iopub = ZMQStream(socket)
         self._iopub.on_recv(self._on_iopub)
         if self.ready.done():
@@ -121,7 +121,7 @@ class KernelTap:
         """Send kernel_info_request until IOPub proves the subscription is live."""
         shell = self.manager.context.socket(zmq.DEALER)
         shell.setsockopt(zmq.LINGER, 0)
-        shell.connect(_channel_url(info, "shell"))
+        shell.connect(channel_url(info, "shell"))
         ready = self.ready
         deadline = time.monotonic() + self.manager.ready_timeout
         try:

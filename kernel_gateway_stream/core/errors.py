@@ -9,9 +9,14 @@ The tree::
     │   ├── UnknownKernel          no running kernel and no transcript           (404)
     │   ├── UnknownExecution       no execution with that msg_id on the kernel   (404)
     │   └── NoInputPending         input for an execution that is not asking     (409)
-    └── RemoteError                a peer (kernel or client) sent something invalid
-        ├── MalformedMessage       bytes or JSON that do not form a message
-        └── BadSignature           an HMAC that does not match the session key
+    ├── RemoteError                a peer (kernel or client) sent something invalid
+    │   ├── MalformedMessage       bytes or JSON that do not form a message
+    │   └── BadSignature           an HMAC that does not match the session key
+    └── ClientError                raised by the Python client (kernel_gateway_stream.client)
+        ├── AuthenticationError    the gateway refused the token (401/403)
+        ├── NotFound               unknown kernel or execution (404)
+        ├── KernelDied             the kernel died or restarted during an execution
+        └── GatewayHTTPError       any other error answer: status and reason
 
 Local errors carry ``status`` (an HTTP status hint) and ``reason`` (short,
 machine-readable). Remote errors are raised from the one place that takes input
@@ -21,12 +26,17 @@ from that peer, chained with ``from`` to the parser's own exception.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BadRequest",
     "BadSignature",
+    "ClientError",
+    "GatewayHTTPError",
     "GatewayStreamError",
+    "KernelDied",
     "LocalError",
     "MalformedMessage",
     "NoInputPending",
+    "NotFound",
     "RemoteError",
     "SequenceAhead",
     "UnknownExecution",
@@ -95,6 +105,37 @@ class NoInputPending(LocalError):
 
     status = 409
     reason = "no_input_pending"
+
+
+class ClientError(GatewayStreamError):
+    """The Python client could not do what it was asked."""
+
+
+class GatewayHTTPError(ClientError):
+    """The gateway answered with an error; ``status`` and ``reason`` say which."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class AuthenticationError(GatewayHTTPError):
+    """The gateway refused the token (401 or 403)."""
+
+
+class NotFound(GatewayHTTPError):
+    """No such kernel or execution (404)."""
+
+
+class KernelDied(ClientError):
+    """The kernel died or restarted before the execution finished."""
+
+    def __init__(self, result: object) -> None:
+        super().__init__("the kernel died before the execution finished")
+        #: What the execution had produced by then (an ``ExecutionResult``).
+        self.result = result
 
 
 class RemoteError(GatewayStreamError):

@@ -26,9 +26,9 @@ from ..core.errors import BadRequest, LocalError, NoInputPending, UnknownExecuti
 from ..core.frames import Frame
 from ..core.subscription import LIFECYCLE_STATES
 from ..core.wire import Protocol, encode_sse
-from ..executions import ExecutionManager
+from ..executions import UNFINISHED, ExecutionManager
 from .common import parse_seq
-from .stream import StreamHandler
+from .stream import CONTENT_TYPE, StreamHandler
 
 __all__ = [
     "ExecuteHandler",
@@ -70,8 +70,17 @@ class ExecutionEventsHandler(_ExecutionsMixin, StreamHandler):
         last_event_id = self.request.headers.get("Last-Event-ID")
         try:
             since = parse_seq("since", self.get_argument("since", None) or last_event_id)
-            if await self.executions.summary(kernel_id, msg_id) is None:
+            summary = await self.executions.summary(kernel_id, msg_id)
+            if summary is None:
                 raise UnknownExecution(msg_id)
+            finished = summary.status not in UNFINISHED
+            if finished and since is not None and since >= summary.last_seq:
+                # Resumed after the last event: nothing to replay, the answer is done.
+                data = json.dumps(summary.to_json()).encode()
+                self.set_header("Content-Type", CONTENT_TYPE)
+                self._streaming = True
+                self.finish(encode_sse("done", summary.last_seq, data))
+                return
             await self.stream_execution(kernel_id, msg_id, since)
         except LocalError as error:
             self.set_status(error.status)

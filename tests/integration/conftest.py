@@ -10,7 +10,10 @@ from traitlets.config import Config
 
 from kernel_gateway_stream.handlers.common import SETTINGS_KEY, Services
 
+from .daemon import daemon
 from .wsclient import KernelWS
+
+__all__ = ["daemon"]  # a fixture: the daemon as a subprocess (tests/integration/daemon.py)
 
 
 @pytest.fixture

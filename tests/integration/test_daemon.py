@@ -3,113 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from ..timing import seconds
-from .wsclient import KernelWS
-
-TOKEN = "test-token-for-the-daemon"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Daemon:
-    """``python -m kernel_gateway_stream`` in its own Jupyter directories."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-        self.log = home / "daemon.log"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"token {TOKEN}"}
-
-    def start(self) -> None:
-        env = dict(os.environ)
-        env.update(
-            JUPYTER_TOKEN=TOKEN,
-            JUPYTER_DATA_DIR=str(self.home / "data"),
-            JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
-            JUPYTER_CONFIG_DIR=str(self.home / "config"),
-        )
-        argv = [sys.executable, "-m", "kernel_gateway_stream", f"--port={self.port}"]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
-
-    async def wait_ready(self) -> None:
-        client = AsyncHTTPClient()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds(60)
-        while loop.time() < deadline:
-            assert self.process is not None
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                await client.fetch(f"{self.url}/api", headers=self.headers)
-                return
-            except (ConnectionError, OSError, HTTPClientError):
-                await asyncio.sleep(0.2)
-        raise TimeoutError(self.log.read_text())
-
-    def kill_hard(self) -> None:
-        """SIGKILL the daemon and the kernels it launched (they would outlive it)."""
-        assert self.process is not None
-        children = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True
-        ).stdout.split()
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(seconds(30))
-            except subprocess.TimeoutExpired:
-                self.kill_hard()
-
-    async def fetch(self, path: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("headers", self.headers)
-        response = await AsyncHTTPClient().fetch(self.url + path, **kwargs)
-        if response.headers.get("Content-Type", "").startswith("application/json"):
-            return json.loads(response.body)
-        return response.body.decode()
-
-    async def channels(self, kernel_id: str, **options: Any) -> KernelWS:
-        url = f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-        return await KernelWS.open(url, self.headers, **options)
-
-
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    instance = Daemon(tmp_path)
-    yield instance
-    instance.stop()
+from .daemon import Daemon
 
 
 async def test_daemon_serves_kernels_not_files_and_needs_its_token(daemon: Daemon) -> None:
