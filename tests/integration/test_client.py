@@ -211,3 +211,34 @@ def test_sync_client_and_cli_against_the_daemon(daemon: Daemon) -> None:
     assert len(jsonl.stdout.splitlines()) > 5
     assert kernel_id in kgs("kernels").stdout
     assert kgs("--token", "wrong", "kernels").returncode == 3
+    running = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernel_gateway_stream.cli",
+            "run",
+            "-c",
+            "import time\nprint('ready', flush=True)\ntime.sleep(30)",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert running.stdout is not None
+    assert running.stdout.readline() == "ready\n"
+    running.send_signal(signal.SIGINT)  # Ctrl-C: interrupts the kernel, then exits 130
+    assert running.wait(seconds(60)) == 130
+    command = [sys.executable, "-m", "kernel_gateway_stream.cli", "follow", kernel_id]
+    follower = subprocess.Popen(
+        [*command, "--since", "0"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with SyncGatewayClient(daemon.url, TOKEN) as client:
+            client.execute(kernel_id, "print('followed')")
+        assert follower.stdout is not None
+        lines = [follower.stdout.readline() for _ in range(7)]
+        assert lines[-2:] == ["again\n", "followed\n"]
+    finally:
+        follower.terminate()
+        follower.wait(seconds(30))

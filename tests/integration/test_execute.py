@@ -241,6 +241,7 @@ async def test_kernel_killed_mid_execution_ends_the_stream(
         ("POST", "/api/kernels/nope/execute", {"code": "1"}, 404, "unknown_kernel"),
         ("GET", "/api/kernels/{k}/executions/nope", None, 404, "unknown_execution"),
         ("GET", "/api/kernels/{k}/executions/nope/events", None, 404, "unknown_execution"),
+        ("GET", "/api/kernels/{k}/executions/x/events?since=abc", None, 400, "bad_request"),
         ("POST", "/api/kernels/{k}/executions/nope/input", {"value": "x"}, 409, "no_input_pending"),
         ("POST", "/api/kernels/{k}/executions/nope/input", {}, 400, "bad_request"),
     ],
