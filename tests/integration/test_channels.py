@@ -84,7 +84,7 @@ async def test_stdout_and_stderr_never_merged_across(start_kernel: Any, connect:
     received = await ws.until_idle(msg_id)
     runs: list[tuple[str, str]] = []
     for message in received.messages:
-        if message["msg_type"] != "stream":
+        if message["msg_type"] != "stream" or message["parent_header"].get("msg_id") != msg_id:
             continue
         name, text = message["content"]["name"], message["content"]["text"]
         if runs and runs[-1][0] == name:

@@ -32,12 +32,17 @@ class Received:
     """What one client got for one execution."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
+    #: When set, text() counts only this execution's output (a kernel also writes on its
+    #: own, e.g. start-up warnings, with no parent).
+    parent: str | None = None
 
     def text(self, name: str = "stdout") -> str:
         return "".join(
             m["content"]["text"]
             for m in self.messages
-            if m["msg_type"] == "stream" and m["content"]["name"] == name
+            if m["msg_type"] == "stream"
+            and m["content"]["name"] == name
+            and (self.parent is None or m["parent_header"].get("msg_id") == self.parent)
         )
 
     def seq_ranges(self) -> list[tuple[int, int]]:
@@ -144,7 +149,7 @@ class KernelWS:
 
     async def until_idle(self, parent_msg_id: str, timeout: float = 120) -> Received:
         """Every message up to the ``idle`` status of ``parent_msg_id``."""
-        received = Received()
+        received = Received(parent=parent_msg_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds(timeout)
         while True:
