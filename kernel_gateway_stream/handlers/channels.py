@@ -43,7 +43,7 @@ from ..core.errors import (
 )
 from ..core.frames import Frame
 from ..core.messages import KernelMessage, Signer, split_identities
-from ..core.subscription import Overflow, SubscriberQueue
+from ..core.subscription import Overflow
 from ..core.wire import Protocol, decode_incoming
 from .common import SETTINGS_KEY, Services, discarded_notice, parse_seq
 
@@ -119,13 +119,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             stream.channel = channel
             stream.on_recv_stream(self.handle_outgoing_message)
             self.channels[channel] = stream
-        options = self.services.subscriber_options
-        queue = SubscriberQueue(
-            since=since or 0,
-            max_bytes=options["max_bytes"],
-            max_lag=options["max_lag"],
-            merge_max_bytes=options["merge_max_bytes"],
-        )
+        queue = self.services.new_queue(since or 0)
         self.subscriber = Subscriber(
             self.kernel_id, self.services.broker, self.services.store, self, queue
         )

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..broker.base import Broker
-from ..core.errors import BadRequest
+from ..core.errors import BadRequest, LocalError
 from ..core.frames import Frame
 from ..core.messages import KernelMessage
+from ..core.subscription import SubscriberQueue
 from ..stores.base import TranscriptStore
 from ..tap import TapManager
 
-__all__ = ["SETTINGS_KEY", "Services", "discarded_notice", "parse_msg_types", "parse_seq"]
+__all__ = [
+    "SETTINGS_KEY",
+    "Services",
+    "ServicesMixin",
+    "discarded_notice",
+    "parse_msg_types",
+    "parse_seq",
+]
 
 SETTINGS_KEY = "kernel_gateway_stream"
 
@@ -28,6 +37,43 @@ class Services:
     subscriber_options: dict[str, Any]
     #: Seconds between SSE keep-alive comments.
     sse_heartbeat: float = 15.0
+
+    def new_queue(
+        self,
+        since: int,
+        *,
+        parent: str | None = None,
+        msg_types: frozenset[str] | None = None,
+    ) -> SubscriberQueue:
+        """A subscriber queue with the configured limits (``subscriber_options``)."""
+        options = self.subscriber_options
+        return SubscriberQueue(
+            since=since,
+            max_bytes=options["max_bytes"],
+            max_lag=options["max_lag"],
+            merge_max_bytes=options["merge_max_bytes"],
+            parent=parent,
+            msg_types=msg_types,
+        )
+
+
+class ServicesMixin:
+    """For handlers: the gateway's services, and the JSON answer to a caller's error."""
+
+    #: jupyter_server's authorizer guards every handler of ours as the kernels resource.
+    auth_resource = "kernels"
+    settings: dict[str, Any]
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.settings[SETTINGS_KEY]
+        return services
+
+    def write_error_json(self, error: LocalError) -> None:
+        """Finish the request with ``error``'s status and ``{"reason", "message"}``."""
+        handler: Any = self
+        handler.set_status(error.status)
+        handler.finish(json.dumps(error.to_json()))
 
 
 def parse_seq(name: str, value: str | None) -> int | None:

@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from ..core.errors import BadRequest, LocalError, NoInputPending, UnknownExecution, UnknownKernel
@@ -27,7 +28,7 @@ from ..core.frames import Frame
 from ..core.subscription import LIFECYCLE_STATES
 from ..core.wire import Protocol, encode_sse
 from ..executions import UNFINISHED, ExecutionManager
-from .common import parse_seq
+from .common import ServicesMixin, parse_seq
 from .stream import CONTENT_TYPE, StreamHandler
 
 __all__ = [
@@ -83,8 +84,7 @@ class ExecutionEventsHandler(_ExecutionsMixin, StreamHandler):
                 return
             await self.stream_execution(kernel_id, msg_id, since)
         except LocalError as error:
-            self.set_status(error.status)
-            self.finish(json.dumps(error.to_json()))
+            self.write_error_json(error)
 
     async def stream_execution(self, kernel_id: str, msg_id: str, since: int | None) -> None:
         """Replay the execution from ``since`` (its start when None), then live, until done."""
@@ -141,19 +141,18 @@ class ExecuteHandler(ExecutionEventsHandler):
                 await self.stream_execution(kernel_id, msg_id, None)
                 return
         except LocalError as error:
-            self.set_status(error.status)
-            self.finish(json.dumps(error.to_json()))
+            self.write_error_json(error)
             return
         self.set_status(201)
         self.finish(json.dumps({"msg_id": msg_id, "kernel_id": kernel_id}))
 
 
-class ExecutionHandler(_ExecutionsMixin, StreamHandler):
+class ExecutionHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
     """``GET /api/kernels/{id}/executions/{msg_id}``: the summary."""
 
     @web.authenticated
     @authorized
-    async def get(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
+    async def get(self, kernel_id: str, msg_id: str) -> None:
         try:
             running = kernel_id in self.kernel_manager
             if not running and await self.services.store.info(kernel_id) is None:
@@ -162,13 +161,12 @@ class ExecutionHandler(_ExecutionsMixin, StreamHandler):
             if summary is None:
                 raise UnknownExecution(msg_id)
         except LocalError as error:
-            self.set_status(error.status)
-            self.finish(json.dumps(error.to_json()))
+            self.write_error_json(error)
             return
         self.finish(json.dumps({"kernel_id": kernel_id, **summary.to_json()}))
 
 
-class ExecutionInputHandler(_ExecutionsMixin, StreamHandler):
+class ExecutionInputHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
     """``POST .../executions/{msg_id}/input``: answer the kernel's input_request."""
 
     @web.authenticated
@@ -184,13 +182,12 @@ class ExecutionInputHandler(_ExecutionsMixin, StreamHandler):
             if executor is None or not executor.answer(msg_id, value):
                 raise NoInputPending(f"execution {msg_id!r} is not waiting for input")
         except LocalError as error:
-            self.set_status(error.status)
-            self.finish(json.dumps(error.to_json()))
+            self.write_error_json(error)
             return
         self.finish(json.dumps({"msg_id": msg_id, "sent": True}))
 
 
-class ExecutionInterruptHandler(_ExecutionsMixin, StreamHandler):
+class ExecutionInterruptHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
     """``POST .../executions/{msg_id}/interrupt``: interrupt the kernel running it."""
 
     @web.authenticated
@@ -199,7 +196,6 @@ class ExecutionInterruptHandler(_ExecutionsMixin, StreamHandler):
         try:
             await self.executions.interrupt(kernel_id)
         except LocalError as error:
-            self.set_status(error.status)
-            self.finish(json.dumps(error.to_json()))
+            self.write_error_json(error)
             return
         self.finish(json.dumps({"msg_id": msg_id, "interrupted": True}))

@@ -31,28 +31,22 @@ from tornado.iostream import StreamClosedError
 from ..broker.base import Subscriber, TransportClosed
 from ..core.errors import LocalError, SequenceAhead, UnknownKernel
 from ..core.frames import Frame
-from ..core.subscription import Overflow, SubscriberQueue
+from ..core.subscription import Overflow
 from ..core.wire import Protocol, encode_sse
-from .common import SETTINGS_KEY, Services, discarded_notice, parse_msg_types, parse_seq
+from .common import ServicesMixin, discarded_notice, parse_msg_types, parse_seq
 
 __all__ = ["StreamHandler"]
 
 CONTENT_TYPE = "text/event-stream"
 
 
-class StreamHandler(APIHandler):
+class StreamHandler(ServicesMixin, APIHandler):
     """One SSE reader of one kernel; also its Subscriber's transport."""
 
-    auth_resource = "kernels"
     #: How frames are written: the full message (``SSE``) or normalized (``EXECUTION``).
     encoding = Protocol.SSE
     _streaming = False
     _ended = False
-
-    @property
-    def services(self) -> Services:
-        services: Services = self.settings[SETTINGS_KEY]
-        return services
 
     @web.authenticated
     @authorized
@@ -64,8 +58,7 @@ class StreamHandler(APIHandler):
             parent = self.get_argument("parent", None) or None
             subscriber = await self._subscribe(kernel_id, since, parent, msg_types)
         except LocalError as error:
-            self.set_status(error.status)
-            self.finish(json.dumps(error.to_json()))
+            self.write_error_json(error)
             return
         await self._stream(since, subscriber)
 
@@ -101,15 +94,7 @@ class StreamHandler(APIHandler):
         tap = await self.services.taps.ensure(kernel_id)
         if since is not None and since > tap.head:
             raise SequenceAhead(since, tap.head)
-        options = self.services.subscriber_options
-        queue = SubscriberQueue(
-            since=since or 0,
-            max_bytes=options["max_bytes"],
-            max_lag=options["max_lag"],
-            merge_max_bytes=options["merge_max_bytes"],
-            parent=parent,
-            msg_types=msg_types,
-        )
+        queue = self.services.new_queue(since or 0, parent=parent, msg_types=msg_types)
         broker, store = self.services.broker, self.services.store
         self.subscriber = Subscriber(kernel_id, broker, store, self, queue)
         return self.subscriber

@@ -17,7 +17,7 @@ from tornado import web
 from ..core.errors import BadRequest, LocalError, SequenceAhead, UnknownKernel
 from ..core.messages import Record
 from ..stores.base import TranscriptPage
-from .common import SETTINGS_KEY, Services, parse_seq
+from .common import ServicesMixin, parse_seq
 
 __all__ = ["TranscriptHandler", "record_json"]
 
@@ -48,15 +48,9 @@ def record_json(record: Record) -> bytes:
     )
 
 
-class TranscriptHandler(APIHandler):
+class TranscriptHandler(ServicesMixin, APIHandler):
     """Reads of a kernel's transcript."""
 
-    auth_resource = "kernels"
-
-    @property
-    def services(self) -> Services:
-        services: Services = self.settings[SETTINGS_KEY]
-        return services
 
     @web.authenticated
     @authorized
@@ -64,8 +58,7 @@ class TranscriptHandler(APIHandler):
         try:
             await self._get(kernel_id)
         except LocalError as error:
-            self.set_status(error.status)
-            self.finish(json.dumps(error.to_json()))
+            self.write_error_json(error)
 
     async def _get(self, kernel_id: str) -> None:
         since = parse_seq("since", self.get_argument("since", None)) or 0

@@ -255,3 +255,27 @@ async def test_bad_requests_get_4xx_with_a_reason(
         await api.call(method, path.format(k=kernel_id), body)
     assert error.value.code == status
     assert json.loads(error.value.response.body)["reason"] == reason
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/kernels/{k}/execute"),
+        ("GET", "/api/kernels/{k}/executions/x"),
+        ("GET", "/api/kernels/{k}/executions/x/events"),
+        ("POST", "/api/kernels/{k}/executions/x/input"),
+        ("POST", "/api/kernels/{k}/executions/x/interrupt"),
+        ("GET", "/api/kernels/{k}/stream"),
+        ("GET", "/api/kernels/{k}/transcript"),
+    ],
+)
+async def test_every_endpoint_needs_the_token(
+    start_kernel: Any, jp_http_port: int, jp_base_url: str, method: str, path: str
+) -> None:
+    kernel_id = await start_kernel()
+    url = f"http://127.0.0.1:{jp_http_port}{jp_base_url.rstrip('/')}{path.format(k=kernel_id)}"
+    body = "{}" if method == "POST" else None
+    for headers in ({}, {"Authorization": "token wrong"}):
+        with pytest.raises(HTTPClientError) as denied:
+            await AsyncHTTPClient().fetch(url, method=method, body=body, headers=headers)
+        assert denied.value.code == 403
