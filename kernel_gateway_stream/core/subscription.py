@@ -93,7 +93,8 @@ class SubscriberQueue:
         """
         if self.overflow is not None:
             return self.overflow
-        if frame.channel == "iopub" and not self.wants(frame):
+        filtered = self.parent is not None or self.msg_types is not None
+        if filtered and frame.channel == "iopub" and not self.wants(frame):
             return None
         if frame.last_seq is not None:
             if frame.last_seq <= self._queued_head:

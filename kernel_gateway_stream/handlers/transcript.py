@@ -51,7 +51,6 @@ def record_json(record: Record) -> bytes:
 class TranscriptHandler(ServicesMixin, APIHandler):
     """Reads of a kernel's transcript."""
 
-
     @web.authenticated
     @authorized
     async def get(self, kernel_id: str) -> None:

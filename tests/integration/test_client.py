@@ -22,6 +22,7 @@ from kernel_gateway_stream.client import (
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
+from .waits import until_restarted
 
 
 class CuttableProxy:
@@ -163,11 +164,7 @@ async def test_kernel_death_raises_instead_of_hanging(gateway: Any, jp_serverapp
             seconds(60),
         )
     assert died.value.result.stdout == "up\n"
-    kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds(60)
-    while not (kernel.ready.done() and await kernel.is_alive()) and loop.time() < deadline:
-        await asyncio.sleep(0.1)
+    await until_restarted(jp_serverapp.kernel_manager.get_kernel(kernel_id))
 
 
 async def test_clear_errors_for_bad_token_and_unknown_kernel(gateway: Any) -> None:

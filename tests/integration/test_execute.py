@@ -14,6 +14,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from ..timing import seconds
 from .sseclient import Event, SSEReader
+from .waits import until_restarted
 
 
 @pytest.fixture
@@ -216,11 +217,7 @@ async def test_kernel_killed_mid_execution_ends_the_stream(
     assert summary["status"] == "died"
     assert summary["stdout"] == "working\n"
     # Let the automatic restart settle, so the fixture can shut the kernel down.
-    kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds(60)
-    while not (kernel.ready.done() and await kernel.is_alive()) and loop.time() < deadline:
-        await asyncio.sleep(0.1)
+    await until_restarted(jp_serverapp.kernel_manager.get_kernel(kernel_id))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,17 @@
+"""Waiting on a real kernel's state in the tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..timing import seconds
+
+
+async def until_restarted(kernel: Any, timeout: float = 60) -> None:
+    """Until a kernel that died has been restarted by jupyter_client's restarter, so the
+    fixtures can shut it down (jupyter_client trips over a restart still in progress)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(timeout)
+    while not (kernel.ready.done() and await kernel.is_alive()) and loop.time() < deadline:
+        await asyncio.sleep(0.1)
