@@ -36,6 +36,14 @@ class MemoryBroker(Broker):
         help="Seconds a burst of stream output may wait to be merged into one message. A "
         "message after a quiet period is sent at once; 0 turns coalescing off.",
     )
+    coalesce_quiet = Float(
+        0.005,
+        config=True,
+        help="Seconds without a stream frame after which the next stream message is sent at "
+        "once instead of waiting for the window: output spaced wider than this (a progress "
+        "line every 10 ms) is not delayed, output closer together is merged. At most "
+        "coalesce_window.",
+    )
     coalesce_max_bytes = Int(
         65536,
         config=True,
@@ -50,7 +58,11 @@ class MemoryBroker(Broker):
     def open_kernel(self, kernel_id: str, head: int) -> None:
         topic = self._topics.get(kernel_id)
         if topic is None:
-            coalescer = Coalescer(window=self.coalesce_window, max_bytes=self.coalesce_max_bytes)
+            coalescer = Coalescer(
+                window=self.coalesce_window,
+                max_bytes=self.coalesce_max_bytes,
+                quiet=min(self.coalesce_quiet, self.coalesce_window),
+            )
             self._topics[kernel_id] = _Topic(coalescer, head)
         else:
             topic.head = max(topic.head, head)

@@ -207,7 +207,7 @@ def test_flush_sends_everything_pending() -> None:
 @pytest.mark.parametrize(("window", "max_bytes"), [(-0.1, 10), (0.1, 0), (0.1, -1)])
 def test_constructor_rejects_bad_limits(window: float, max_bytes: int) -> None:
     """Invariant 6: a negative window or a non-positive byte limit is refused."""
-    with pytest.raises(ValueError, match="window must be >= 0 and max_bytes > 0"):
+    with pytest.raises(ValueError, match="need window >= 0"):
         Coalescer(window=window, max_bytes=max_bytes)
 
 
@@ -360,3 +360,55 @@ def test_random_workload_latency_is_at_most_one_window(seed: int) -> None:
             assert at == arrival[frame.first_seq]
             assert frame.last_seq == frame.first_seq
     assert immediate > 0
+
+
+def test_spaced_output_wider_than_quiet_is_never_held() -> None:
+    """Invariant 6: a message after a quiet period goes at once, and "quiet" is its own
+    threshold: prints 10 ms apart are each sent at once with a 50 ms window."""
+    coalescer = Coalescer(window=0.5, quiet=0.0625)
+    for seq in range(1, 20):
+        now = 10.0 + seq * 0.125
+        assert _ranges(coalescer.feed(_out(seq, f"{seq}\n", now), now=now)) == [(seq, seq)]
+    assert coalescer.next_deadline() is None
+
+
+def test_output_closer_than_quiet_is_merged_for_one_window() -> None:
+    """Invariant 6: a flood (messages closer than ``quiet``) waits, at most one window."""
+    coalescer = Coalescer(window=0.5, quiet=0.0625)
+    assert _ranges(coalescer.feed(_out(1, "a", 10.0), now=10.0)) == [(1, 1)]
+    assert coalescer.feed(_out(2, "b", 10.03125), now=10.03125) == []
+    assert coalescer.next_deadline() == 10.5
+    for seq, now in ((3, 10.125), (4, 10.25)):
+        assert coalescer.feed(_out(seq, "x", now), now=now) == []
+    assert _ranges(coalescer.due(10.5)) == [(2, 4)]
+    # Right after a window's frame the flood is still on: the next message waits again.
+    assert coalescer.feed(_out(5, "c", 10.53125), now=10.53125) == []
+    assert coalescer.next_deadline() == 11.0
+    assert _ranges(coalescer.due(11.0)) == [(5, 5)]
+    # Once quiet for ``quiet``, the next message goes at once, though inside the window.
+    assert _ranges(coalescer.feed(_out(6, "d", 11.125), now=11.125)) == [(6, 6)]
+
+
+def test_frames_per_second_are_bounded_by_quiet_whatever_the_arrival_pattern() -> None:
+    """Invariant 6: however messages arrive, stream frames go out at most once per
+    ``quiet`` (plus the frames a non-stream message or a full run forces)."""
+    rng = random.Random(7)
+    quiet = 0.0625
+    coalescer = Coalescer(window=0.5, quiet=quiet)
+    now, sent = 10.0, []
+    for seq in range(1, 3000):
+        now += rng.choice((0.0, 0.001, 0.01, 0.03, 0.07, 0.2))
+        for frame in coalescer.due(now) + coalescer.feed(_out(seq, "x", now), now=now):
+            sent.append((now, frame))
+    times = [t for t, _ in sent]
+    assert all(b - a >= quiet for a, b in itertools.pairwise(times))
+    assert [seq for _, f in sent for seq in range(f.first_seq, f.last_seq + 1)] == list(
+        range(1, sum(f.last_seq - f.first_seq + 1 for _, f in sent) + 1)
+    )
+
+
+def test_quiet_must_lie_within_the_window() -> None:
+    with pytest.raises(ValueError, match="quiet <= window"):
+        Coalescer(window=0.05, quiet=0.1)
+    with pytest.raises(ValueError, match="quiet <= window"):
+        Coalescer(window=0.05, quiet=-1)
