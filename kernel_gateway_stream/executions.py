@@ -16,14 +16,13 @@ import zmq
 from jupyter_client.session import Session
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
-from zmq.eventloop.zmqstream import ZMQStream
 
 from .core.errors import RemoteError, UnknownKernel
 from .core.executions import INPUT_REQUEST, ExecutionSummary, summarize
 from .core.messages import KernelMessage, split_identities
 from .core.subscription import LIFECYCLE_STATES
 from .stores.base import TranscriptStore
-from .tap import KernelTap, TapManager, channel_url
+from .tap import KernelTap, TapManager, connect_dealer
 
 __all__ = ["UNFINISHED", "ExecutionManager", "KernelExecutor"]
 
@@ -46,8 +45,9 @@ class KernelExecutor:
         )
         identity = f"kernel_gateway_stream-{uuid.uuid4().hex}".encode()
         info = kernel.get_connection_info()
-        self.shell, shell_monitor = self._connect(info, "shell", identity)
-        self.stdin, stdin_monitor = self._connect(info, "stdin", identity)
+        context = manager.taps.context
+        self.shell, shell_monitor = connect_dealer(context, info, "shell", identity)
+        self.stdin, stdin_monitor = connect_dealer(context, info, "stdin", identity)
         self._monitors: list[zmq.Socket[bytes]] | None = [shell_monitor, stdin_monitor]
         self.shell.on_recv(self._on_shell)
         self.stdin.on_recv(self._on_stdin)
@@ -55,16 +55,6 @@ class KernelExecutor:
         self.running: set[str] = set()
         #: The input_request header waiting for an answer, by execution msg_id.
         self.waiting_input: dict[str, dict[str, Any]] = {}
-
-    def _connect(
-        self, info: dict[str, Any], channel: str, identity: bytes
-    ) -> tuple[ZMQStream, zmq.Socket[bytes]]:
-        socket = self.manager.taps.context.socket(zmq.DEALER)
-        socket.setsockopt(zmq.IDENTITY, identity)
-        socket.setsockopt(zmq.LINGER, 0)
-        monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        socket.connect(channel_url(info, channel))
-        return ZMQStream(socket), monitor
 
     async def _handshaken(self, timeout: float) -> None:
         """Wait until the kernel knows both our identities: its stdin ROUTER silently drops

@@ -53,6 +53,21 @@ def channel_url(info: dict[str, Any], channel: str) -> str:
     return f"tcp://{info['ip']}:{port}"
 
 
+def connect_dealer(
+    context: zmq.Context[Any], info: dict[str, Any], channel: str, identity: bytes
+) -> tuple[ZMQStream, zmq.Socket[bytes]]:
+    """A DEALER on one of a kernel's ROUTER channels, and a monitor socket that receives
+    one event once the kernel knows the identity. A kernel's stdin ROUTER silently drops an
+    ``input_request`` for an identity whose connection is still being set up, so whoever
+    asks for input waits for that event first."""
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.IDENTITY, identity)
+    socket.setsockopt(zmq.LINGER, 0)
+    monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    socket.connect(channel_url(info, channel))
+    return ZMQStream(socket), monitor
+
+
 class KernelTap:
     """Reads one kernel's IOPub for the gateway. Created and driven by :class:`TapManager`."""
 
@@ -311,6 +326,9 @@ class TapManager(LoggingConfigurable):
         self.store = store
         self.broker = broker
         self.context = zmq.Context()
+        # One SUB per kernel plus the DEALERs of every client that talks to a kernel: more
+        # than libzmq's default of 1023 sockets on a busy gateway.
+        self.context.set(zmq.MAX_SOCKETS, 65536)
         self.taps: dict[str, KernelTap] = {}
         self._starting: dict[str, asyncio.Future[KernelTap]] = {}
         self._on_close: list[Any] = []

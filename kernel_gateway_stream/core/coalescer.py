@@ -3,23 +3,22 @@
 Rules (DESIGN invariant 6), in the order they are checked:
 
 1. A non-``stream`` record flushes whatever is pending, then goes out at once.
-2. A ``stream`` record that can extend the pending run (same parent ``msg_id``, same
-   stream name, next sequence number) joins it; if the run reaches ``max_bytes`` it goes
-   out at once.
-3. A ``stream`` record that cannot extend the pending run flushes the run and starts a
-   new one, which keeps the current deadline.
-4. A ``stream`` record with nothing pending goes out at once if the stream has been
-   quiet (no stream frame sent for ``quiet`` seconds); otherwise it starts a run that
-   goes out at the end of the window (``window`` seconds after the last stream frame).
-5. When the deadline passes (:meth:`due`), the pending run goes out and a new window
-   starts.
+2. A ``stream`` record that arrives after ``quiet`` seconds without stream activity (no
+   stream record arrived, no stream frame sent) goes out at once, after whatever was still
+   pending (which it joins if it can).
+3. Otherwise it joins the pending run if it can (same parent ``msg_id``, same stream
+   name, next sequence number); a run that reaches ``max_bytes`` goes out at once. A
+   record that cannot join flushes the run and starts a new one, which keeps the deadline.
+4. With nothing pending, it starts a run.
+5. A run goes out (:meth:`due`) when its stream has been quiet for ``quiet`` seconds (the
+   burst is over) or ``window`` seconds after the last stream frame, whichever is first.
 
-So a lone message after a quiet period adds no latency, and a burst costs at most one
-window. ``quiet`` is separate from ``window`` so that steady, spaced output (a progress
-line every 10 ms) is not held for a window, while a flood (messages closer together than
-``quiet``) is: frames per second stay at most ``1 / quiet`` however fast the kernel
-prints, and about ``1 / window`` in a sustained flood. The coalescer never reads the
-clock: ``now`` is passed in, and the adapter arms a timer for :meth:`next_deadline`.
+So a lone message after a quiet period adds no latency, a short burst waits until it ends,
+and a flood costs at most one window, with frames at most every ``quiet`` seconds. ``quiet``
+is its own threshold so that spaced output (a progress line every 10 ms) is not held for a
+window while a flood (messages closer together than ``quiet``) is merged. The coalescer
+never reads the clock: ``now`` is passed in, and the adapter arms a timer for
+:meth:`next_deadline`.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ class Coalescer:
     """One kernel's coalescing state. Not thread-safe; one owner calls it."""
 
     __slots__ = (
+        "_last_arrival",
         "_last_sent",
         "_pending",
         "_pending_bytes",
@@ -55,6 +55,7 @@ class Coalescer:
         self.quiet = quiet
         self.max_bytes = max_bytes
         self._last_sent: float | None = None
+        self._last_arrival: float | None = None
         self._pending: list[Frame] = []
         self._pending_bytes = 0
         self._window_end: float | None = None
@@ -66,34 +67,39 @@ class Coalescer:
             out = self.flush()
             out.append(frame)
             return out
+        idle = self._idle(now)
+        self._last_arrival = now
         if self._pending:
-            if (
-                self._pending[-1].can_merge(frame)
-                and self._pending_bytes + frame.size <= self.max_bytes
-            ):
+            if self._fits(frame):
                 self._pending.append(frame)
                 self._pending_bytes += frame.size
-                return self.flush() if self._pending_bytes >= self.max_bytes else []
+                if idle or self._pending_bytes >= self.max_bytes:
+                    return self._send_pending(now)
+                return []
+            if idle:
+                out = self._send_pending(now)
+                out.append(frame)
+                return out
             out = self.flush()
             out.extend(self._start_run(frame))
             return out
-        if self._last_sent is None or now - self._last_sent >= self.quiet or self.window == 0:
-            self._last_sent = now
-            self._window_end = now + self.window
+        if idle or self._window_end is None or now >= self._window_end:
+            self._sent(now)
             return [frame]
         return self._start_run(frame)
 
     def due(self, now: float) -> list[Frame]:
         """The frames whose deadline has passed at ``now``."""
-        if not self._pending or self._window_end is None or now < self._window_end:
+        deadline = self.next_deadline()
+        if deadline is None or now < deadline:
             return []
-        self._last_sent = now
-        self._window_end = now + self.window
-        return self.flush()
+        return self._send_pending(now)
 
     def next_deadline(self) -> float | None:
         """When :meth:`due` will next have something to send, or None."""
-        return self._window_end if self._pending else None
+        if not self._pending or self._window_end is None or self._last_arrival is None:
+            return None
+        return min(self._window_end, self._last_arrival + self.quiet)
 
     def flush(self) -> list[Frame]:
         """Everything pending, now (a subscriber attaching, shutdown, a non-stream record)."""
@@ -103,6 +109,27 @@ class Coalescer:
         self._pending = []
         self._pending_bytes = 0
         return [frame]
+
+    def _idle(self, now: float) -> bool:
+        """True if no stream record arrived and no stream frame went out for ``quiet``."""
+        last = self._last_sent
+        if self._last_arrival is not None and (last is None or self._last_arrival > last):
+            last = self._last_arrival
+        return last is None or now - last >= self.quiet
+
+    def _fits(self, frame: Frame) -> bool:
+        return (
+            self._pending[-1].can_merge(frame)
+            and self._pending_bytes + frame.size <= self.max_bytes
+        )
+
+    def _sent(self, now: float) -> None:
+        self._last_sent = now
+        self._window_end = now + self.window
+
+    def _send_pending(self, now: float) -> list[Frame]:
+        self._sent(now)
+        return self.flush()
 
     def _start_run(self, frame: Frame) -> list[Frame]:
         """Hold ``frame`` as the start of a run; a frame that fills a run alone goes now."""

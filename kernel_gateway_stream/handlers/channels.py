@@ -2,7 +2,11 @@
 
 Shell, control and stdin work as in jupyter_server: each connection has its own
 DEALER sockets with the client's session identity, so replies and ``input_request``
-reach the client that asked. IOPub does not come from a socket of the connection's own:
+reach the client that asked. They are opened at the connection's first request, not
+before: a client that only watches costs no ZMQ sockets (a thousand watchers of one kernel
+cost one IOPub socket), and that first request waits until the kernel's stdin ROUTER knows
+the identity, so an ``input_request`` it causes is never dropped. IOPub does not come from
+a socket of the connection's own:
 it comes from the broker, coalesced and never dropped, replayed from the transcript on
 resume. Each IOPub message carries ``metadata["kernel_gateway_stream"]["seq"]``.
 
@@ -32,6 +36,7 @@ from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError
+from zmq.eventloop.zmqstream import ZMQStream
 
 from ..broker.base import Subscriber, TransportClosed
 from ..core.errors import (
@@ -45,6 +50,7 @@ from ..core.frames import Frame
 from ..core.messages import KernelMessage, Signer, split_identities
 from ..core.subscription import Overflow
 from ..core.wire import Protocol, decode_incoming
+from ..tap import connect_dealer
 from .common import SETTINGS_KEY, Services, discarded_notice, parse_seq
 
 __all__ = [
@@ -60,6 +66,8 @@ CLOSE_MALFORMED = 1007
 CLOSE_KERNEL_GONE = 1001
 CLOSE_SLOW = 4008
 CLOSE_LINGER_MS = 5000
+#: Seconds a first request waits for the kernel to know the connection's stdin identity.
+STDIN_HANDSHAKE_TIMEOUT = 5.0
 
 
 class StreamChannelsConnection(BaseKernelWebsocketConnection):
@@ -73,6 +81,8 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self.channels: dict[str, Any] = {}
         self.subscriber: Subscriber | None = None
         self._held: list[tuple[str, list[bytes]]] = []
+        #: The stdin socket's monitor until the kernel knows our identity.
+        self._stdin_monitor: ZMQStream | None = None
         self._closed = False
         self._counted = False
 
@@ -113,12 +123,6 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             stale.websocket_handler.close()
             stale.disconnect()
         self._open_sessions[self.session_key] = self
-        identity = self.session.bsession
-        for channel in ("shell", "control", "stdin"):
-            stream = getattr(self.kernel_manager, "connect_" + channel)(identity=identity)
-            stream.channel = channel
-            stream.on_recv_stream(self.handle_outgoing_message)
-            self.channels[channel] = stream
         queue = self.services.new_queue(since or 0)
         self.subscriber = Subscriber(
             self.kernel_id, self.services.broker, self.services.store, self, queue
@@ -146,6 +150,13 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
                 self.services.store.save_cursor(
                     self.kernel_id, self.session_id, self.subscriber.last_seq
                 )
+        self._stdin_handshaken()
+        if self._held and self.tap.ready.done():
+            # Sent just before the client left: it cannot answer input any more, but the
+            # request still runs and its output is recorded.
+            held, self._held = self._held, []
+            for channel, parts in held:
+                self._send(channel, parts)
         for stream in self.channels.values():
             if not stream.closed():
                 stream.on_recv(None)
@@ -153,6 +164,36 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
                 # kernel (its output is recorded with nobody watching).
                 stream.close(linger=CLOSE_LINGER_MS)
         self.channels = {}
+
+    def _open_channels(self) -> None:
+        """The connection's shell, control and stdin DEALERs, at its first request."""
+        identity = self.session.bsession
+        info = self.kernel_manager.get_connection_info()
+        context = self.services.taps.context
+        for channel in ("shell", "control", "stdin"):
+            stream, monitor = connect_dealer(context, info, channel, identity)
+            stream.channel = channel  # type: ignore[attr-defined]
+            stream.on_recv_stream(self.handle_outgoing_message)
+            self.channels[channel] = stream
+            if channel == "stdin":
+                self._stdin_monitor = ZMQStream(monitor)
+                self._stdin_monitor.on_recv(lambda _: self._stdin_handshaken(release=True))
+            else:
+                stream.socket.disable_monitor()
+                monitor.close(linger=0)
+        # If the kernel never answers the handshake (it died), send after a while anyway.
+        loop = asyncio.get_running_loop()
+        loop.call_later(STDIN_HANDSHAKE_TIMEOUT, self._stdin_handshaken, True)
+
+    def _stdin_handshaken(self, release: bool = False) -> None:
+        monitor, self._stdin_monitor = self._stdin_monitor, None
+        if monitor is not None:
+            stdin = self.channels.get("stdin")
+            if stdin is not None and not stdin.closed():
+                stdin.socket.disable_monitor()
+            monitor.close(linger=0)
+        if release:
+            self._release_held(None)
 
     # -- client -> kernel ----------------------------------------------------------
 
@@ -169,16 +210,24 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         if allowed and message.msg_type not in allowed:
             self.log.warning("Ignoring message of type %r, not allowed", message.msg_type)
             return
-        if self.tap.ready.done() and not self._held:
+        if not self.channels:
+            self._open_channels()
+        if self._can_send() and not self._held:
             self._send(message.channel, message.parts)
             return
-        # The Tap is resubscribing after a restart: hold requests until it sees IOPub, so
-        # the output they cause is recorded.
-        if not self._held:
+        # Hold requests until the Tap sees IOPub (it is resubscribing after a restart), so
+        # the output they cause is recorded, and until the stdin socket is known to the
+        # kernel, so the input_request they cause arrives.
+        if not self._held and not self.tap.ready.done():
             self.tap.ready.add_done_callback(self._release_held)
         self._held.append((message.channel, message.parts))
 
+    def _can_send(self) -> bool:
+        return self.tap.ready.done() and self._stdin_monitor is None
+
     def _release_held(self, _: Any) -> None:
+        if not self._can_send() or self._closed:
+            return
         held, self._held = self._held, []
         for channel, parts in held:
             self._send(channel, parts)

@@ -232,7 +232,9 @@ _ALPHABET = "abc xyz\n\r\té✓0123456789"
 def _simulate(seed: int, count: int = 3000) -> _Run:
     rng = random.Random(seed)
     window = (0.01, 0.05, 0.2, 0.0)[seed % 4]
-    coalescer = Coalescer(window=window, max_bytes=rng.choice([1200, 4000, 65536]))
+    # Half the runs with a quiet threshold of its own, as the broker configures it.
+    quiet = window / rng.choice([1, 4])
+    coalescer = Coalescer(window=window, max_bytes=rng.choice([1200, 4000, 65536]), quiet=quiet)
     parents = ["p1", "p2", "p3"][: rng.choice([2, 3])]
     run = _Run(window)
     now = 1000.0
@@ -372,21 +374,37 @@ def test_spaced_output_wider_than_quiet_is_never_held() -> None:
     assert coalescer.next_deadline() is None
 
 
-def test_output_closer_than_quiet_is_merged_for_one_window() -> None:
-    """Invariant 6: a flood (messages closer than ``quiet``) waits, at most one window."""
+def test_output_closer_than_quiet_is_merged_until_it_pauses_or_the_window_ends() -> None:
+    """Invariant 6: a flood (messages closer than ``quiet``) waits, at most one window; a
+    short burst waits only until it pauses for ``quiet``."""
     coalescer = Coalescer(window=0.5, quiet=0.0625)
     assert _ranges(coalescer.feed(_out(1, "a", 10.0), now=10.0)) == [(1, 1)]
+    # A short burst: held until it has been quiet for ``quiet``.
     assert coalescer.feed(_out(2, "b", 10.03125), now=10.03125) == []
-    assert coalescer.next_deadline() == 10.5
-    for seq, now in ((3, 10.125), (4, 10.25)):
+    assert coalescer.next_deadline() == 10.09375
+    assert _ranges(coalescer.due(10.09375)) == [(2, 2)]
+    # A flood: every message within ``quiet`` of the last, so the window decides.
+    now = 10.125
+    for seq in range(3, 13):
         assert coalescer.feed(_out(seq, "x", now), now=now) == []
-    assert _ranges(coalescer.due(10.5)) == [(2, 4)]
-    # Right after a window's frame the flood is still on: the next message waits again.
-    assert coalescer.feed(_out(5, "c", 10.53125), now=10.53125) == []
-    assert coalescer.next_deadline() == 11.0
-    assert _ranges(coalescer.due(11.0)) == [(5, 5)]
-    # Once quiet for ``quiet``, the next message goes at once, though inside the window.
-    assert _ranges(coalescer.feed(_out(6, "d", 11.125), now=11.125)) == [(6, 6)]
+        assert coalescer.due(now) == []
+        now += 0.046875
+    assert coalescer.next_deadline() == 10.59375
+    assert _ranges(coalescer.due(10.59375)) == [(3, 12)]
+    # A message after a pause longer than ``quiet`` goes at once, inside the window.
+    assert _ranges(coalescer.feed(_out(13, "d", 10.75), now=10.75)) == [(13, 13)]
+
+
+def test_a_late_timer_does_not_hold_the_message_after_a_pause() -> None:
+    """Invariant 6: if the timer is late, the next message after a pause sends what was
+    pending and itself, merged."""
+    coalescer = Coalescer(window=0.5, quiet=0.0625)
+    coalescer.feed(_out(1, "a", 10.0), now=10.0)
+    coalescer.feed(_out(2, "b", 10.03125), now=10.03125)
+    out = coalescer.feed(_out(3, "c", 10.25), now=10.25)
+    assert _ranges(out) == [(2, 3)]
+    assert out[0].text == "bc"
+    assert coalescer.next_deadline() is None
 
 
 def test_frames_per_second_are_bounded_by_quiet_whatever_the_arrival_pattern() -> None:

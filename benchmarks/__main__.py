@@ -1,0 +1,330 @@
+"""Side by side: this gateway, jupyter_server (defaults and rate limit off) and
+jupyter_kernel_gateway, in one run, on one machine, with the same client code and kernels.
+
+    python -m pip install -e ".[bench]" && python -m benchmarks            # about 10 minutes
+    python -m benchmarks --quick                                          # about 2 minutes
+    python -m benchmarks --only latency fanout --systems kernel_gateway_stream
+
+Prints Markdown tables (each scenario, then the targets with the ratios measured) and
+writes everything, every run included, to ``benchmarks/results/report.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import resource
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import jupyter_server
+import kernel_gateway
+import zmq
+
+from . import scenarios as sc
+from .firehose import install_kernelspec
+from .systems import SYSTEMS, Server, System
+
+SCENARIOS = ("loss", "throughput", "fanout", "latency", "idle_memory", "transcript", "catchup")
+Row = dict[str, Any]
+
+
+async def run_system(system: System, home: Path, plan: sc.Plan, only: set[str]) -> list[Row]:
+    server = Server(system, home / system.kind / str(len(list(home.glob("*/*")))), home / "jp")
+    await server.start()
+    rows: list[Row] = []
+
+    async def step(name: str, work: Callable[[], Awaitable[Row | list[Row]]]) -> None:
+        if name not in only:
+            return
+        started = time.perf_counter()
+        result = await work()
+        rows.extend(result if isinstance(result, list) else [result])
+        print(f"  {system.name}: {name} done in {time.perf_counter() - started:.1f} s", flush=True)
+
+    try:
+        # First, on a fresh process: later scenarios leave freed heap that new connections
+        # would reuse without growing the RSS, which would flatter every system.
+        await step("idle_memory", lambda: sc.idle_memory(server, plan))
+        for protocol in system.protocols:
+            await step("loss", lambda p=protocol: sc.loss(server, p, plan))  # type: ignore[misc]
+        for protocol in system.protocols:
+            await step("throughput", lambda p=protocol: sc.throughput(server, p, plan))  # type: ignore[misc]
+        await step("fanout", lambda: sc.fanout(server, plan))
+        for protocol in system.protocols:
+            await step("latency", lambda p=protocol: sc.latency(server, p, plan))  # type: ignore[misc]
+        if system.ours:
+            await step("transcript", lambda: sc.transcript(server, plan))
+        await step("catchup", lambda: sc.catchup(server, plan))
+    finally:
+        await server.stop()
+    return rows
+
+
+async def run_references(plan: sc.Plan, only: set[str]) -> list[Row]:
+    rows: list[Row] = []
+    if "loss" in only:
+        rows.append(await sc.loss_direct(plan))
+    if "throughput" in only:
+        rows += await sc.throughput_bare(plan)
+    if "latency" in only:
+        rows.append(await sc.latency_direct(plan))
+    print("  references done", flush=True)
+    return rows
+
+
+def find(rows: list[Row], scenario: str, system: str, case: str | None = None) -> Row | None:
+    for candidate in rows:
+        same = candidate["scenario"] == scenario and candidate["system"] == system
+        if same and (case is None or candidate["case"] == case):
+            return candidate
+    return None
+
+
+def add_ratios(rows: list[Row]) -> None:
+    """Each row against its reference: the same scenario's physical limit, or (fan-out)
+    the same system with one client."""
+    direct = find(rows, "loss", "direct ZMQ (jupyter_client)")
+    latency_direct = find(rows, "latency", "direct ZMQ (jupyter_client)")
+    for item in rows:
+        scenario = item["scenario"]
+        if scenario == "loss" and direct and item is not direct:
+            item["x_direct"] = item["seconds"] / direct["seconds"]
+        elif scenario == "throughput" and item["system"] != "bare pyzmq SUB":
+            size = item["case"].split(",")[0]
+            bare = next(
+                (r for r in rows if r["system"] == "bare pyzmq SUB" and r["case"].startswith(size)),
+                None,
+            )
+            if bare:
+                item["x_bare"] = item["messages_per_second"] / bare["messages_per_second"]
+        elif scenario == "fanout" and item.get("seconds"):
+            one = find(rows, "fanout", item["system"], "1 clients")
+            if one and one.get("seconds"):
+                item["x_one_client"] = item["seconds"] / one["seconds"]
+        elif scenario == "latency" and latency_direct and item is not latency_direct:
+            item["added_p50_ms"] = item["p50_ms"] - latency_direct["p50_ms"]
+            item["added_p99_ms"] = item["p99_ms"] - latency_direct["p99_ms"]
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+COLUMNS = {
+    "loss": ["seconds", "x_direct", "cpu_seconds", "lines", "loss_percent"],
+    "throughput": [
+        "messages_per_second",
+        "megabytes_per_second",
+        "x_bare",
+        "seconds",
+        "loss_percent",
+        "frames",
+        "cpu_seconds",
+        "note",
+    ],
+    "fanout": [
+        "seconds",
+        "x_one_client",
+        "cpu_seconds",
+        "min_lines",
+        "complete_clients",
+        "note",
+    ],
+    "latency": ["p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "lines", "frames"],
+    "idle_memory": [
+        "clients",
+        "rss_before_mib",
+        "rss_after_mib",
+        "kib_per_client",
+        "all_live",
+        "note",
+    ],
+    "transcript": ["records", "records_per_second", "first_record_ms", "seconds", "cpu_seconds"],
+    "catchup": ["seconds", "backlog", "missed", "note"],
+}
+
+
+def tables(rows: list[Row]) -> str:
+    out = []
+    for scenario, columns in COLUMNS.items():
+        chosen = [r for r in rows if r["scenario"] == scenario]
+        if not chosen:
+            continue
+        out.append(f"\n#### {scenario}\n")
+        out.append("| system | case | " + " | ".join(columns) + " |")
+        out.append("|---|---|" + "---|" * len(columns))
+        for item in chosen:
+            cells = [fmt(item.get(column)) for column in columns]
+            out.append(f"| {item['system']} | {item['case']} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def targets(rows: list[Row]) -> list[Row]:
+    """The issue's targets, each with what this run measured."""
+    ours = "kernel_gateway_stream"
+    checks: list[Row] = []
+
+    def check(name: str, measured: float | None, met: bool | None, how: str) -> None:
+        checks.append({"target": name, "measured": measured, "met": met, "how": how})
+
+    loss_rows = [r for r in rows if r["scenario"] == "loss" and r["system"] == ours]
+    if loss_rows:
+        worst = max(r["loss_percent"] for r in loss_rows)
+        check("loss 0% for every client", worst, worst == 0, "worst loss %, both protocols")
+        ratio = max(r.get("x_direct", math.nan) for r in loss_rows)
+        check("loss-scenario time <= 1.05 x direct ZMQ", ratio, ratio <= 1.05, "worst protocol")
+    for case_size in sorted(
+        {r["case"].split(",")[0] for r in rows if r["scenario"] == "throughput"}
+    ):
+        mine = [
+            r
+            for r in rows
+            if r["scenario"] == "throughput"
+            and r["system"] == ours
+            and r["case"].startswith(case_size)
+        ]
+        if not mine:
+            continue
+        rate = min(r["messages_per_second"] for r in mine)
+        check(f"firehose {case_size}: >= 10,000 msg/s", rate, rate >= 10_000, "slower protocol")
+        peer = [
+            r
+            for r in rows
+            if r["scenario"] == "throughput"
+            and r["system"] == "jupyter_server (limit off)"
+            and r["case"].startswith(case_size)
+        ]
+        if peer:
+            ratio = rate / peer[0]["messages_per_second"]
+            check(
+                f"firehose {case_size}: >= 5 x jupyter_server (limit off)",
+                ratio,
+                ratio >= 5,
+                "our slower protocol / theirs",
+            )
+        bare = min((r.get("x_bare", math.nan) for r in mine), default=math.nan)
+        check(
+            f"firehose {case_size}: >= 0.6 x bare pyzmq SUB", bare, bare >= 0.6, "slower protocol"
+        )
+    hundred = find(rows, "fanout", ours, "100 clients")
+    if hundred and hundred.get("x_one_client"):
+        ratio = hundred["x_one_client"]
+        check("fan-out to 100 <= 1.5 x one client", ratio, ratio <= 1.5, "time until all done")
+    idle = find(rows, "idle_memory", ours)
+    if idle:
+        value = idle["kib_per_client"]
+        check("idle memory <= 32 KiB per subscriber", value, value <= 32, idle["case"])
+    replay = next(
+        (
+            r
+            for r in rows
+            if r["scenario"] == "transcript"
+            and r["system"] == ours
+            and r["case"].startswith("replay")
+        ),
+        None,
+    )
+    if replay:
+        rate = replay["records_per_second"]
+        check("replay >= 100,000 records/s", rate, rate >= 100_000, replay["case"])
+        first = replay["first_record_ms"]
+        check("replay first record <= 50 ms", first, first <= 50, "ms")
+    lat = [r for r in rows if r["scenario"] == "latency" and r["system"] == ours]
+    if lat and "added_p50_ms" in lat[0]:
+        p50 = max(r["added_p50_ms"] for r in lat)
+        p99 = max(r["added_p99_ms"] for r in lat)
+        check("added latency p50 < 2 ms", p50, p50 < 2, "ms over direct ZMQ, worse protocol")
+        check("added latency p99 < 10 ms", p99, p99 < 10, "ms over direct ZMQ, worse protocol")
+    return checks
+
+
+def target_table(checks: list[Row]) -> str:
+    out = ["\n#### targets\n", "| target | measured | met | how |", "|---|---|---|---|"]
+    for item in checks:
+        out.append(
+            f"| {item['target']} | {fmt(item['measured'])} | {fmt(item['met'])} | {item['how']} |"
+        )
+    return "\n".join(out)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    plan = sc.QUICK if args.quick else sc.FULL
+    only = set(args.only or SCENARIOS)
+    chosen = [s for s in SYSTEMS if not args.systems or s.name in args.systems]
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    started = time.perf_counter()
+    machine = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "jupyter_server": jupyter_server.__version__,
+        "jupyter_kernel_gateway": kernel_gateway.__version__,
+        "libzmq": zmq.zmq_version(),
+    }
+    print(f"{'quick' if args.quick else 'full'} run; {machine}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="kgs-bench-") as directory:
+        home = Path(directory)
+        install_kernelspec(home / "jp")
+        os.environ["JUPYTER_PATH"] = str(home / "jp")
+        rows = await run_references(plan, only)
+        for system in chosen:
+            rows += await run_system(system, home, plan, only)
+    add_ratios(rows)
+    checks = targets(rows)
+    elapsed = time.perf_counter() - started
+    text = tables(rows) + "\n" + target_table(checks)
+    print(text)
+    print(
+        f"\n{elapsed / 60:.1f} minutes; {machine['cores']} cores, Python {machine['python']}, "
+        f"jupyter_server {machine['jupyter_server']}, jupyter_kernel_gateway "
+        f"{machine['jupyter_kernel_gateway']}"
+    )
+    report = {
+        "plan": vars(plan) if hasattr(plan, "__dict__") else str(plan),
+        "machine": machine,
+        "minutes": elapsed / 60,
+        "rows": rows,
+        "targets": checks,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2, default=str))
+    print(f"JSON: {args.output}")
+    return report
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, about 2 minutes")
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run these scenarios")
+    parser.add_argument("--systems", nargs="+", choices=[s.name for s in SYSTEMS])
+    parser.add_argument(
+        "--output", type=Path, default=Path("benchmarks/results/report.json"), help="JSON report"
+    )
+    asyncio.run(main(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,555 @@
+"""The scenarios. Each runs against one started server (or a reference) and returns rows.
+
+Every row has ``scenario``, ``system``, ``case`` and its measures; the runner adds ratios.
+Times are ``time.perf_counter()`` seconds from sending the ``execute_request`` to the last
+client seeing the execution's ``idle`` status, unless a scenario says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .references import DirectKernel, sequential_read
+from .systems import Server
+from .wsclient import Channels, Tally, follow_all
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each scenario is: ``full`` (about 10 minutes in all) or ``quick``."""
+
+    repeats: int = 5
+    flood_lines: int = 20_000
+    throughput: tuple[tuple[int, int], ...] = ((100_000, 64), (10_000, 4096))
+    throughput_repeats: int = 3
+    fanout_clients: tuple[int, ...] = (1, 10, 100, 1000)
+    fanout_messages: int = 2_000
+    latency_prints: int = 500
+    idle_clients: int = 1000
+    transcript_records: int = 1_000_000
+    catchup_behind: float = 10.0
+    catchup_rate: int = 2_000
+    timeout: float = 30.0
+
+
+FULL = Plan()
+QUICK = Plan(
+    repeats=1,
+    flood_lines=5_000,
+    throughput=((20_000, 64), (2_000, 4096)),
+    throughput_repeats=1,
+    fanout_clients=(1, 10, 100),
+    fanout_messages=1_000,
+    latency_prints=150,
+    idle_clients=200,
+    transcript_records=100_000,
+    catchup_behind=3.0,
+    timeout=10.0,
+)
+
+FLOOD = "for i in range({n}):\n    print(i, flush=True)"
+PACED = (
+    "import time\nfor i in range({n}):\n    print(i, time.time(), flush=True)\n    time.sleep(0.01)"
+)
+
+
+def firehose(count: int, size: int, rate: int = 0) -> str:
+    return f"{count} {size} {rate}"
+
+
+def row(scenario: str, system: str, case: str, **measures: Any) -> Row:
+    return {"scenario": scenario, "system": system, "case": case, **measures}
+
+
+async def run_on(
+    server: Server, kernel_id: str, protocol: str, code: str, clients: int, timeout: float
+) -> tuple[float, list[Tally], float, bool]:
+    """``clients`` sockets on one kernel, the first executes ``code``: seconds until all
+    have seen ``idle``, their tallies, the server's CPU seconds, and whether all finished."""
+    sockets = await connect_many(server.port, kernel_id, protocol, clients)
+    try:
+        # Unmeasured: every socket live and the kernel idle before the clock starts.
+        warm = Tally(sockets[0].execute(firehose_or_print(code)))
+        await follow_all([(ws, _same(warm)) for ws in sockets], timeout)
+        cpu = server.cpu_seconds()
+        started = time.perf_counter()
+        msg_id = sockets[0].execute(code)
+        tallies = [Tally(msg_id) for _ in sockets]
+        finished = await follow_all(list(zip(sockets, tallies, strict=True)), timeout)
+        ended = max((t.done_at or time.perf_counter()) for t in tallies)
+        return ended - started, tallies, server.cpu_seconds() - cpu, finished
+    finally:
+        for ws in sockets:
+            ws.close()
+
+
+def firehose_or_print(code: str) -> str:
+    """A tiny execution of the same kernel language as ``code``, to warm up with."""
+    return "1 64 0" if code[:1].isdigit() else "print('warm')"
+
+
+def _same(tally: Tally) -> Tally:
+    return Tally(tally.msg_id)
+
+
+async def connect_many(
+    port: int, kernel_id: str, protocol: str, clients: int, batch: int = 50
+) -> list[Channels]:
+    sockets: list[Channels] = []
+    for start in range(0, clients, batch):
+        count = min(batch, clients - start)
+        sockets += await asyncio.gather(
+            *(Channels.connect(port, kernel_id, protocol) for _ in range(count))
+        )
+    return sockets
+
+
+def delivered(tallies: list[Tally]) -> tuple[int, int]:
+    """Lines of the least served client, and how many clients saw a gap or disorder."""
+    return min(t.lines for t in tallies), sum(1 for t in tallies if t.gaps)
+
+
+# -- Loss: 20,000 flushed prints on ipykernel -----------------------------------------
+
+
+async def loss(server: Server, protocol: str, plan: Plan) -> Row:
+    kernel_id = await server.start_kernel()
+    try:
+        code = FLOOD.format(n=plan.flood_lines)
+        runs = [
+            await run_on(server, kernel_id, protocol, code, 1, plan.timeout * 4)
+            for _ in range(plan.repeats)
+        ]
+    finally:
+        await server.shutdown_kernel(kernel_id)
+    lines = min(delivered(tallies)[0] for _, tallies, _, _ in runs)
+    return row(
+        "loss",
+        server.system.name,
+        protocol,
+        seconds=statistics.median(r[0] for r in runs),
+        cpu_seconds=statistics.median(r[2] for r in runs),
+        lines=lines,
+        expected=plan.flood_lines,
+        loss_percent=100 * (1 - lines / plan.flood_lines),
+        runs=[r[0] for r in runs],
+    )
+
+
+async def loss_direct(plan: Plan) -> Row:
+    code = FLOOD.format(n=plan.flood_lines)
+    async with DirectKernel() as kernel:
+        await kernel.run("print('warm')", Tally(""))
+        seconds, lines = [], []
+        for _ in range(plan.repeats):
+            started = time.perf_counter()
+            tally = await kernel.run(code, Tally(""))
+            seconds.append((tally.done_at or 0) - started)
+            lines.append(tally.lines)
+    return row(
+        "loss",
+        "direct ZMQ (jupyter_client)",
+        "zmq",
+        seconds=statistics.median(seconds),
+        lines=min(lines),
+        expected=plan.flood_lines,
+        loss_percent=100 * (1 - min(lines) / plan.flood_lines),
+        runs=seconds,
+    )
+
+
+# -- Throughput: the firehose kernel to one client -------------------------------------
+
+
+async def throughput(server: Server, protocol: str, plan: Plan) -> list[Row]:
+    kernel_id = await server.start_kernel("firehose")
+    rows = []
+    repeats = plan.throughput_repeats if server.system.ours else 1
+    try:
+        for count, size in plan.throughput:
+            runs = [
+                await run_on(server, kernel_id, protocol, firehose(count, size), 1, plan.timeout)
+                for _ in range(repeats)
+            ]
+            _, _, cpu, finished = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+            rows.append(_throughput_row(server.system.name, protocol, count, size, runs))
+            rows[-1]["cpu_seconds"] = cpu
+            if not finished:
+                rows[-1]["note"] = f"not done in {plan.timeout:.0f} s"
+    finally:
+        await server.shutdown_kernel(kernel_id)
+    return rows
+
+
+def _throughput_row(system: str, protocol: str, count: int, size: int, runs: list[Any]) -> Row:
+    seconds, tallies, _, _ = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    lines = tallies[0].lines
+    return row(
+        "throughput",
+        system,
+        f"{count:,} x {size} B, {protocol}",
+        seconds=seconds,
+        messages=lines,
+        expected=count,
+        messages_per_second=lines / seconds,
+        megabytes_per_second=lines * size / seconds / 1e6,
+        loss_percent=100 * (1 - lines / count),
+        frames=tallies[0].frames,
+        runs=[r[0] for r in runs],
+    )
+
+
+async def throughput_bare(plan: Plan) -> list[Row]:
+    rows = []
+    async with DirectKernel("firehose") as kernel:
+        await kernel.run_bare("1 64 0", Tally(""))
+        for count, size in plan.throughput:
+            runs = []
+            for _ in range(plan.throughput_repeats):
+                started = time.perf_counter()
+                tally = await kernel.run_bare(firehose(count, size), Tally(""))
+                runs.append(((tally.done_at or 0) - started, [tally], 0.0, True))
+            rows.append(_throughput_row("bare pyzmq SUB", "zmq", count, size, runs))
+    return rows
+
+
+# -- Fan-out: N clients watch one kernel while one of them executes --------------------
+
+
+async def fanout(server: Server, plan: Plan) -> list[Row]:
+    kernel_id = await server.start_kernel("firehose")
+    rows: list[Row] = []
+    code = firehose(plan.fanout_messages, 64)
+    try:
+        for clients in plan.fanout_clients:
+            if rows and not rows[-1].get("finished", True):
+                rows.append(
+                    row(
+                        "fanout",
+                        server.system.name,
+                        f"{clients} clients",
+                        skipped=True,
+                        note=f"not run: {rows[-1]['case']} did not finish",
+                    )
+                )
+                continue
+            try:
+                seconds, tallies, cpu, finished = await run_on(
+                    server, kernel_id, "v1", code, clients, plan.timeout
+                )
+            except Exception as error:  # a peer failing is a result
+                rows.append(
+                    row(
+                        "fanout",
+                        server.system.name,
+                        f"{clients} clients",
+                        finished=False,
+                        note=f"failed: {type(error).__name__}: {error}"[:160],
+                    )
+                )
+                continue
+            lines, disordered = delivered(tallies)
+            rows.append(
+                row(
+                    "fanout",
+                    server.system.name,
+                    f"{clients} clients",
+                    clients=clients,
+                    seconds=seconds,
+                    cpu_seconds=cpu,
+                    min_lines=lines,
+                    expected=plan.fanout_messages,
+                    complete_clients=sum(1 for t in tallies if t.lines == plan.fanout_messages),
+                    disordered_clients=disordered,
+                    finished=finished,
+                    note="" if finished else f"not done in {plan.timeout:.0f} s",
+                )
+            )
+    finally:
+        await server.shutdown_kernel(kernel_id)
+    return rows
+
+
+# -- Latency: a flushed print every 10 ms ----------------------------------------------
+
+
+class LatencyTally(Tally):
+    """Also the delay of every line: now minus the ``time.time()`` the kernel printed."""
+
+    __slots__ = ("delays",)
+
+    def __init__(self, msg_id: str) -> None:
+        super().__init__(msg_id)
+        self.delays: list[float] = []
+
+    def count(self, text: str) -> None:
+        now = time.time()
+        whole = (self.partial + text)[: (self.partial + text).rfind("\n") + 1]
+        super().count(text)
+        for line in whole.splitlines():
+            self.delays.append(now - float(line.split(" ")[1]))
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def _latency_row(system: str, case: str, tally: LatencyTally, plan: Plan) -> Row:
+    delays = tally.delays or [float("nan")]
+    return row(
+        "latency",
+        system,
+        case,
+        p50_ms=1000 * percentile(delays, 0.5),
+        p99_ms=1000 * percentile(delays, 0.99),
+        lines=tally.lines,
+        expected=plan.latency_prints,
+        frames=tally.frames,
+    )
+
+
+async def latency(server: Server, protocol: str, plan: Plan) -> Row:
+    kernel_id = await server.start_kernel()
+    try:
+        (ws,) = await connect_many(server.port, kernel_id, protocol, 1)
+        try:
+            warm = Tally(ws.execute("print('warm')"))
+            await follow_all([(ws, warm)], plan.timeout)
+            tally = LatencyTally(ws.execute(PACED.format(n=plan.latency_prints)))
+            await follow_all([(ws, tally)], plan.timeout + plan.latency_prints * 0.02)
+        finally:
+            ws.close()
+    finally:
+        await server.shutdown_kernel(kernel_id)
+    return _latency_row(server.system.name, protocol, tally, plan)
+
+
+async def latency_direct(plan: Plan) -> Row:
+    async with DirectKernel() as kernel:
+        await kernel.run("print('warm')", Tally(""))
+        tally = await kernel.run(PACED.format(n=plan.latency_prints), LatencyTally(""))
+    return _latency_row("direct ZMQ (jupyter_client)", "zmq", tally, plan)
+
+
+# -- Idle memory: RSS per idle subscriber ----------------------------------------------
+
+
+async def idle_memory(server: Server, plan: Plan) -> Row:
+    kernel_id = await server.start_kernel("firehose")
+    sockets: list[Channels] = []
+    note = ""
+    try:
+        sockets = await connect_many(server.port, kernel_id, "v1", 1)
+        await asyncio.sleep(1.0)
+        before = server.rss()
+        try:
+            for _ in range(0, plan.idle_clients - 1, 50):
+                want = min(50, plan.idle_clients - len(sockets))
+                sockets += await connect_many(server.port, kernel_id, "v1", want)
+        except Exception as error:  # a peer failing is a result
+            note = f"stopped at {len(sockets)} clients: {type(error).__name__}: {error}"[:160]
+        await asyncio.sleep(2.0)
+        # Every socket still works: one execution reaches them all.
+        tallies = [Tally("") for _ in sockets]
+        msg_id = sockets[0].execute("10 64 0")
+        for tally in tallies:
+            tally.msg_id = msg_id
+        finished = await follow_all(list(zip(sockets, tallies, strict=True)), plan.timeout)
+        after = server.rss()
+    finally:
+        for ws in sockets:
+            ws.close()
+        await server.shutdown_kernel(kernel_id)
+    added = len(sockets) - 1
+    return row(
+        "idle_memory",
+        server.system.name,
+        f"{len(sockets)} clients",
+        clients=len(sockets),
+        rss_before_mib=before / 2**20,
+        rss_after_mib=after / 2**20,
+        kib_per_client=(after - before) / max(1, added) / 1024,
+        all_live=finished and all(t.lines == 10 for t in tallies),
+        note=note,
+    )
+
+
+# -- Transcript: records written per second, and replay of the whole transcript -------
+
+
+async def transcript(server: Server, plan: Plan) -> list[Row]:
+    count = plan.transcript_records
+    kernel_id = await server.start_kernel("firehose")
+    try:
+        await server.request("POST", f"/api/kernels/{kernel_id}/execute", {"code": "1 64 0"})
+        await asyncio.sleep(0.5)
+        database = sqlite3.connect(f"file:{server.transcript_path}?mode=ro", uri=True)
+        cpu = server.cpu_seconds()
+        started = time.perf_counter()
+        answer = await server.request(
+            "POST", f"/api/kernels/{kernel_id}/execute", {"code": firehose(count, 64)}
+        )
+        msg_id = answer["msg_id"]
+        deadline = started + plan.timeout + count / 10_000
+        while time.perf_counter() < deadline:
+            last = database.execute(
+                "SELECT seq, msg_type, parent_msg_id, content FROM records"
+                " WHERE kernel_id = ? ORDER BY seq DESC LIMIT 1",
+                (kernel_id,),
+            ).fetchone()
+            if last and last[1] == "status" and last[2] == msg_id and b"idle" in last[3]:
+                break
+            await asyncio.sleep(0.02)
+        written = time.perf_counter() - started
+        write_cpu = server.cpu_seconds() - cpu
+        head = last[0] if last else 0
+        stored = database.execute(
+            "SELECT count(*), sum(length(header) + length(parent_header) + length(metadata)"
+            " + length(content)) FROM records WHERE kernel_id = ?",
+            (kernel_id,),
+        ).fetchone()
+        rows = [
+            row(
+                "transcript",
+                server.system.name,
+                f"write {count:,} records",
+                records=stored[0],
+                seconds=written,
+                records_per_second=stored[0] / written,
+                cpu_seconds=write_cpu,
+            )
+        ]
+        rows.append(await _replay(server, kernel_id, msg_id, head, count))
+        rows.append(_file_reference(database, kernel_id, head))
+        database.close()
+    finally:
+        await server.shutdown_kernel(kernel_id)
+    return rows
+
+
+async def _replay(server: Server, kernel_id: str, msg_id: str, head: int, count: int) -> Row:
+    """A new client asks for everything (``?since=0``): time to its first message and to
+    the end of the transcript."""
+    cpu = server.cpu_seconds()
+    started = time.perf_counter()
+    ws = await Channels.connect(server.port, kernel_id, "v1", since=0)
+    tally = Tally(msg_id)
+    first: float | None = None
+    try:
+        while not tally.done:
+            message = await ws.read()
+            if message is None:
+                break
+            if first is None:
+                first = time.perf_counter() - started
+            tally.feed(message)
+    finally:
+        ws.close()
+    seconds = (tally.done_at or time.perf_counter()) - started
+    return row(
+        "transcript",
+        server.system.name,
+        f"replay {head:,} records",
+        records=head,
+        first_record_ms=1000 * (first or float("nan")),
+        seconds=seconds,
+        records_per_second=head / seconds,
+        lines=tally.lines,
+        expected=count,
+        cpu_seconds=server.cpu_seconds() - cpu,
+    )
+
+
+def _file_reference(database: sqlite3.Connection, kernel_id: str, head: int) -> Row:
+    """The same bytes, written to a plain file and read back sequentially (a warm page
+    cache, as the transcript's own pages are)."""
+    with tempfile.NamedTemporaryFile(suffix=".bin", delete=False) as file:
+        cursor = database.execute(
+            "SELECT header, parent_header, metadata, content FROM records WHERE kernel_id = ?"
+            " ORDER BY seq",
+            (kernel_id,),
+        )
+        for parts in cursor:
+            file.write(b"".join(parts))
+        path = Path(file.name)
+    try:
+        size = path.stat().st_size
+        first, seconds = sequential_read(path)
+    finally:
+        path.unlink()
+    return row(
+        "transcript",
+        "sequential file read",
+        f"replay {head:,} records",
+        records=head,
+        first_record_ms=1000 * first,
+        seconds=seconds,
+        records_per_second=head / seconds,
+        megabytes=size / 1e6,
+    )
+
+
+# -- Catch-up: reconnect 10 s behind a live firehose -----------------------------------
+
+
+async def catchup(server: Server, plan: Plan) -> Row:
+    """A client follows a paced firehose, leaves, comes back ``catchup_behind`` seconds
+    later: seconds from its reconnect until it receives the first message the kernel
+    published after that moment (everything before it delivered, in order)."""
+    rate = plan.catchup_rate
+    live = 2.0
+    total = int(rate * (live + plan.catchup_behind + plan.timeout + 5))
+    kernel_id = await server.start_kernel("firehose")
+    session = uuid.uuid4().hex
+    try:
+        ws = await Channels.connect(server.port, kernel_id, "v1", session=session)
+        warm = Tally(ws.execute("1 64 0"))
+        await follow_all([(ws, warm)], plan.timeout)
+        tally = Tally(ws.execute(firehose(total, 64, rate)))
+        await follow_all([(ws, tally)], live)
+        ws.close()
+        seen = tally.lines
+        await asyncio.sleep(plan.catchup_behind)
+        since = tally.last_seq if server.system.ours else None
+        reconnected = time.time()
+        started = time.perf_counter()
+        ws = await Channels.connect(server.port, kernel_id, "v1", session=session, since=since)
+        caught_up = None
+        deadline = started + plan.timeout
+        while time.perf_counter() < deadline and not tally.done:
+            try:
+                message = await asyncio.wait_for(ws.read(), deadline - time.perf_counter())
+            except TimeoutError:
+                break
+            if message is None:
+                break
+            tally.feed(message)
+            if tally.last_line and float(tally.last_line.split(" ")[1]) >= reconnected:
+                caught_up = time.perf_counter() - started
+                break
+        ws.close()
+        missed = tally.next_index - tally.lines
+        await server.request("POST", f"/api/kernels/{kernel_id}/interrupt")
+    finally:
+        await server.shutdown_kernel(kernel_id)
+    return row(
+        "catchup",
+        server.system.name,
+        f"{plan.catchup_behind:.0f} s behind at {rate:,} msg/s",
+        seconds=caught_up,
+        backlog=tally.next_index - seen,
+        missed=missed,
+        disordered=tally.gaps,
+        note="" if caught_up is not None else f"not live within {plan.timeout:.0f} s",
+    )
