@@ -15,6 +15,8 @@ import pytest
 from tornado.httpclient import HTTPClientError
 from tornado.websocket import WebSocketClosedError
 
+from kernel_gateway_stream.handlers.channels import StreamChannelsConnection
+
 from ..timing import seconds
 from .wsclient import Received
 
@@ -213,6 +215,40 @@ async def test_stdin_and_replies_reach_the_client_that_asked(
     seen = await other.until_idle(msg_id)
     assert seen.text() == "hello gateway\n"
     assert not [m for m in seen.messages if m["channel"] in ("shell", "stdin")]
+
+
+async def test_watchers_cost_no_zmq_sockets_and_a_first_request_gets_its_input(
+    start_kernel: Any, connect: Any
+) -> None:
+    """A client that only watches opens no shell/control/stdin sockets; a client whose very
+    first message is an execute asking for input gets the input_request (its stdin socket
+    is known to the kernel before the request is sent)."""
+    kernel_id = await start_kernel()
+    watchers = [await connect(kernel_id) for _ in range(5)]
+    for attempt in range(5):
+        asker = await connect(kernel_id, protocol="v1")
+        msg_id = asker.execute(f"print(input('n{attempt}? '))", allow_stdin=True)
+        while True:
+            message = await asker.receive(timeout=seconds(30))
+            assert message is not None
+            if message["msg_type"] == "input_request":
+                assert message["content"]["prompt"] == f"n{attempt}? "
+                break
+        asker.send("stdin", "input_reply", {"value": f"answer {attempt}"})
+        assert (await asker.until_idle(msg_id)).text() == f"answer {attempt}\n"
+        asker.close()
+    for watcher in watchers:
+        assert (await watcher.until_idle(msg_id)).text() == "answer 4\n"
+    open_connections = [
+        connection
+        for key, connection in StreamChannelsConnection._open_sessions.items()
+        if key.startswith(kernel_id)
+    ]
+    sessions = {watcher.session_id for watcher in watchers}
+    assert sessions <= {connection.session_id for connection in open_connections}
+    for connection in open_connections:
+        if connection.session_id in sessions:
+            assert connection.channels == {}
 
 
 async def test_kernel_restart_keeps_numbering_and_clients(
