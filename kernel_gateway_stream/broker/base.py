@@ -20,7 +20,10 @@ from ..core.errors import SequenceAhead
 from ..core.frames import Frame, frames_from_records
 from ..core.messages import Record
 from ..core.subscription import Overflow, SubscriberQueue
-from ..stores.base import TranscriptStore
+from ..stores.base import TranscriptPage, TranscriptStore
+
+#: Records in the first page a replay reads: small, so the first one goes out at once.
+REPLAY_FIRST_PAGE = 500
 
 __all__ = ["Broker", "Subscriber", "Transport", "TransportClosed"]
 
@@ -69,7 +72,7 @@ class Subscriber:
         transport: Transport,
         queue: SubscriberQueue,
         *,
-        replay_page: int = 2000,
+        replay_page: int = 5000,
         replay_frame_bytes: int = 1024 * 1024,
     ) -> None:
         self.kernel_id = kernel_id
@@ -112,29 +115,43 @@ class Subscriber:
         self._wake.set()
 
     async def _replay(self, since: int, head: int) -> None:
-        """Send ``(since, head]`` from the store, filtered as the queue is, page by page."""
-        cursor = since
+        """Send ``(since, head]`` from the store, filtered as the queue is, page by page.
+
+        The next page is read while the current one is sent; the first page is small, so
+        the first record goes out quickly however long the transcript is.
+        """
+        size = min(REPLAY_FIRST_PAGE, self.replay_page)
+        reading = asyncio.ensure_future(self._read_page(since, size, head))
         first = True
-        while cursor < head and not self._closed:
-            page = await self.store.read(
-                self.kernel_id,
-                cursor,
-                self.replay_page,
-                until=head,
-                parent=self.queue.parent,
-                msg_types=self.queue.msg_types,
-            )
-            frames = frames_from_records(page.records, self.replay_frame_bytes)
+        while True:
+            page = await reading
+            records = page.records
+            more = len(records) == size and records[-1].seq < head and not self._closed
+            if more:
+                size = self.replay_page
+                reading = asyncio.ensure_future(self._read_page(records[-1].seq, size, head))
+            frames = frames_from_records(records, self.replay_frame_bytes)
             if first and page.discarded is not None:
                 notice = self.transport.discarded(*page.discarded)
                 if notice is not None:
                     frames.insert(0, notice)
             first = False
             if frames and not await self._send_replayed(frames):
+                if more:
+                    reading.cancel()
                 return
-            if len(page.records) < self.replay_page:
-                break
-            cursor = page.records[-1].seq
+            if not more:
+                return
+
+    async def _read_page(self, after: int, size: int, head: int) -> TranscriptPage:
+        return await self.store.read(
+            self.kernel_id,
+            after,
+            size,
+            until=head,
+            parent=self.queue.parent,
+            msg_types=self.queue.msg_types,
+        )
 
     async def _send_replayed(self, frames: list[Frame]) -> bool:
         if not self.transport.is_open():

@@ -130,7 +130,38 @@ def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
     Used for replay, where there is no reason to wait: every run of mergeable records
     becomes one frame of at most ``max_bytes`` of text (a longer single record stays whole).
     """
-    return merge_runs([Frame.from_record(record) for record in records], max_bytes)
+    # The same runs as ``merge_runs([Frame.from_record(r) for r in records], max_bytes)``,
+    # found on the records themselves: a replay makes one Frame per run, not per record.
+    frames: list[Frame] = []
+    count = len(records)
+    start = 0
+    while start < count:
+        record = records[start]
+        message = record.message
+        end = start + 1
+        if message.stream_name is not None:
+            run_bytes = message.size
+            previous = record.seq
+            while end < count:
+                following = records[end]
+                other = following.message
+                if (
+                    following.seq != previous + 1
+                    or other.stream_name != message.stream_name
+                    or other.parent_msg_id != message.parent_msg_id
+                    or run_bytes + other.size > max_bytes
+                ):
+                    break
+                run_bytes += other.size
+                previous = following.seq
+                end += 1
+        if end - start == 1:
+            frames.append(Frame("iopub", message, record.seq, record.seq))
+        else:
+            text = "".join(r.message.text or "" for r in records[start:end])
+            frames.append(Frame("iopub", message, record.seq, records[end - 1].seq, text))
+        start = end
+    return frames
 
 
 def merge_runs(frames: list[Frame], max_bytes: int) -> list[Frame]:

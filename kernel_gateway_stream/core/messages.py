@@ -61,7 +61,9 @@ class KernelMessage:
 
     def __post_init__(self) -> None:
         size = len(self.raw_header) + len(self.raw_parent_header) + len(self.raw_metadata)
-        size += len(self.raw_content) + sum(len(b) for b in self.buffers)
+        size += len(self.raw_content)
+        if self.buffers:
+            size += sum(map(len, self.buffers))
         object.__setattr__(self, "size", size)
 
     @property

@@ -259,11 +259,14 @@ class SQLiteTranscriptStore(TranscriptStore):
             where.append("msg_type IN ({})".format(",".join("?" * len(msg_types))))
             args.extend(msg_types)
         args.append(limit)
-        rows = await self._run(
+        # Rows become Records in the reader thread, overlapping the loop's sending.
+        loop = asyncio.get_running_loop()
+        records = await loop.run_in_executor(
+            self._readers,
+            self._query_records,
             f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
             tuple(args),
         )
-        records = [_record_from_row(row) for row in rows]
         if len(records) < limit:
             for record in in_memory:
                 if record.seq <= committed:
@@ -291,6 +294,9 @@ class SQLiteTranscriptStore(TranscriptStore):
     async def _run(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, self._query, sql, args)
+
+    def _query_records(self, sql: str, args: tuple[Any, ...]) -> list[Record]:
+        return [_record_from_row(row) for row in self._query(sql, args)]
 
     def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         connection = getattr(self._local, "connection", None)
@@ -522,10 +528,11 @@ def _record_from_row(row: tuple[Any, ...]) -> Record:
      metadata, content, buffers, _size) = row  # fmt: skip
     # The fields KernelMessage peeks at when it is decoded, restored without a full decode.
     text = execution_state = None
+    # Decoding to str first spares json.loads its per-call encoding detection.
     if stream_name is not None:
-        text = json.loads(content).get("text")
+        text = json.loads(content.decode()).get("text")
     elif msg_type == "status":
-        execution_state = json.loads(content).get("execution_state")
+        execution_state = json.loads(content.decode()).get("execution_state")
     message = KernelMessage(
         msg_type=msg_type,
         msg_id=msg_id,

@@ -219,3 +219,27 @@ def test_frames_from_records_covers_every_seq_once(max_bytes: int) -> None:
     covered = [seq for f in frames for seq in range(f.first_seq or 0, (f.last_seq or 0) + 1)]
     assert covered == list(range(1, 21))
     assert "".join(f.text or "" for f in frames) == "".join(str(seq) for seq in range(1, 21))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_frames_from_records_makes_the_runs_merge_runs_makes(seed: int) -> None:
+    """Invariant 6: replay's record-level merging is the frame-level merging exactly (same
+    runs, text, ranges and first messages), whatever the mix of parents, names, gaps."""
+    import random
+
+    rng = random.Random(seed)
+    records, seq = [], 0
+    for _ in range(300):
+        seq += rng.choice((1, 1, 1, 2))
+        if rng.random() < 0.1:
+            message = status(rng.choice(["busy", "idle"]), rng.choice(["p", "q"]))
+        else:
+            text = "x" * rng.randrange(0, 90)
+            message = stream(rng.choice(["stdout", "stderr"]), text, rng.choice(["p", "q"]))
+        records.append(record(seq, message))
+    max_bytes = rng.choice([1, 500, 4000, 1 << 20])
+    fast = frames_from_records(records, max_bytes)
+    slow = merge_runs([Frame.from_record(r) for r in records], max_bytes)
+    assert _ranges(fast) == _ranges(slow)
+    assert _texts(fast) == _texts(slow)
+    assert [f.message for f in fast] == [f.message for f in slow]
