@@ -316,6 +316,7 @@ def _latency_row(system: str, case: str, tally: LatencyTally, plan: Plan) -> Row
         lines=tally.lines,
         expected=plan.latency_prints,
         frames=tally.frames,
+        delays_ms=[round(1000 * d, 3) for d in tally.delays],
     )
 
 

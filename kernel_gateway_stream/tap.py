@@ -167,7 +167,7 @@ class KernelTap:
         self._active = False
         self._decode_and_record(frames)
         socket = self._iopub.socket if self._iopub is not None else None
-        taken = sum(len(frame) for frame in frames)
+        taken = sum(map(len, frames))
         for _ in range(self.manager.iopub_batch - 1):
             if socket is None or socket.closed or taken >= self.manager.iopub_batch_bytes:
                 break
@@ -175,7 +175,7 @@ class KernelTap:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            taken += sum(len(frame) for frame in frames)
+            taken += sum(map(len, frames))
             self._decode_and_record(frames)
         if self._active:
             # Once per batch: last_activity is a trait, and setting one is not free.

@@ -121,7 +121,12 @@ class MemoryBroker(Broker):
 
     def _arm(self, kernel_id: str, topic: _Topic) -> None:
         deadline = topic.coalescer.next_deadline()
-        if deadline is None or deadline == topic.timer_deadline:
+        if deadline is None:
+            return
+        # A deadline that moved later (each record of a burst pushes the quiet deadline)
+        # keeps the timer armed: it fires, finds nothing due yet, and arms the new one.
+        # One timer per ``quiet`` in a flood instead of one per record.
+        if topic.timer_deadline is not None and topic.timer_deadline <= deadline:
             return
         if topic.timer is not None:
             topic.timer.cancel()

@@ -56,37 +56,39 @@ class Coalescer:
         self.max_bytes = max_bytes
         self._last_sent: float | None = None
         self._last_arrival: float | None = None
-        self._pending: list[Frame] = []
+        self._pending: list[Record] = []
         self._pending_bytes = 0
         self._window_end: float | None = None
 
     def feed(self, record: Record, now: float) -> list[Frame]:
         """Take one record; return the frames that must go out now, in order."""
-        frame = Frame.from_record(record)
-        if not record.message.is_stream:
+        message = record.message
+        if message.stream_name is None:
             out = self.flush()
-            out.append(frame)
+            out.append(Frame.from_record(record))
             return out
         idle = self._idle(now)
         self._last_arrival = now
+        # Pending records become a Frame only when they go out: one per run, not one per
+        # record, which is most of the coalescer's cost in a flood.
         if self._pending:
-            if self._fits(frame):
-                self._pending.append(frame)
-                self._pending_bytes += frame.size
+            if self._fits(record):
+                self._pending.append(record)
+                self._pending_bytes += message.size
                 if idle or self._pending_bytes >= self.max_bytes:
                     return self._send_pending(now)
                 return []
             if idle:
                 out = self._send_pending(now)
-                out.append(frame)
+                out.append(Frame.from_record(record))
                 return out
             out = self.flush()
-            out.extend(self._start_run(frame))
+            out.extend(self._start_run(record))
             return out
         if idle or self._window_end is None or now >= self._window_end:
             self._sent(now)
-            return [frame]
-        return self._start_run(frame)
+            return [Frame.from_record(record)]
+        return self._start_run(record)
 
     def due(self, now: float) -> list[Frame]:
         """The frames whose deadline has passed at ``now``."""
@@ -103,12 +105,16 @@ class Coalescer:
 
     def flush(self) -> list[Frame]:
         """Everything pending, now (a subscriber attaching, shutdown, a non-stream record)."""
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             return []
-        frame = Frame.join(self._pending)
         self._pending = []
         self._pending_bytes = 0
-        return [frame]
+        first = pending[0]
+        if len(pending) == 1:
+            return [Frame.from_record(first)]
+        text = "".join(r.message.text or "" for r in pending)
+        return [Frame("iopub", first.message, first.seq, pending[-1].seq, text)]
 
     def _idle(self, now: float) -> bool:
         """True if no stream record arrived and no stream frame went out for ``quiet``."""
@@ -117,10 +123,15 @@ class Coalescer:
             last = self._last_arrival
         return last is None or now - last >= self.quiet
 
-    def _fits(self, frame: Frame) -> bool:
+    def _fits(self, record: Record) -> bool:
+        """True if ``record`` can extend the pending run (``Frame.can_merge``, on records)."""
+        last = self._pending[-1]
+        message, other = last.message, record.message
         return (
-            self._pending[-1].can_merge(frame)
-            and self._pending_bytes + frame.size <= self.max_bytes
+            record.seq == last.seq + 1
+            and other.stream_name == message.stream_name
+            and other.parent_msg_id == message.parent_msg_id
+            and self._pending_bytes + other.size <= self.max_bytes
         )
 
     def _sent(self, now: float) -> None:
@@ -131,10 +142,11 @@ class Coalescer:
         self._sent(now)
         return self.flush()
 
-    def _start_run(self, frame: Frame) -> list[Frame]:
-        """Hold ``frame`` as the start of a run; a frame that fills a run alone goes now."""
-        if frame.size >= self.max_bytes:
-            return [frame]
-        self._pending = [frame]
-        self._pending_bytes = frame.size
+    def _start_run(self, record: Record) -> list[Frame]:
+        """Hold ``record`` as the start of a run; one that fills a run alone goes now."""
+        size = record.message.size
+        if size >= self.max_bytes:
+            return [Frame.from_record(record)]
+        self._pending = [record]
+        self._pending_bytes = size
         return []

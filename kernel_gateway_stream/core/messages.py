@@ -13,6 +13,7 @@ header, the parent header's ``msg_id`` and, for ``stream`` messages, the content
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -123,7 +124,7 @@ class KernelMessage:
         """
         if len(parts) < 4:
             raise MalformedMessage(f"a message has at least 4 parts, got {len(parts)}")
-        raw_header, raw_parent, raw_metadata, raw_content = (bytes(p) for p in parts[:4])
+        raw_header, raw_parent, raw_metadata, raw_content = map(bytes, parts[:4])
         header = _load_object(raw_header, "header")
         msg_type = header.get("msg_type")
         msg_id = header.get("msg_id")
@@ -151,7 +152,7 @@ class KernelMessage:
             raw_parent_header=raw_parent,
             raw_metadata=raw_metadata,
             raw_content=raw_content,
-            buffers=tuple(bytes(b) for b in parts[4:]),
+            buffers=tuple(map(bytes, parts[4:])) if len(parts) > 4 else (),
             stream_name=stream_name,
             text=text,
             parent_msg_type=parent_msg_type,
@@ -179,7 +180,7 @@ class Signer:
     An empty key disables signing, as in jupyter_client's ``Session``.
     """
 
-    __slots__ = ("_digestmod", "_key")
+    __slots__ = ("_digestmod", "_key", "_keyed")
 
     def __init__(self, key: bytes, signature_scheme: str = "hmac-sha256") -> None:
         scheme, _, digest = signature_scheme.partition("-")
@@ -187,12 +188,14 @@ class Signer:
             raise ValueError(f"unsupported signature scheme {signature_scheme!r}")
         self._key = key
         self._digestmod = digest
+        #: Keyed once; each message signs with a copy.
+        self._keyed = hmac.new(key, digestmod=digest) if key else None
 
     def sign(self, parts: list[bytes]) -> bytes:
         """The hex signature of the header, parent header, metadata and content."""
-        if not self._key:
+        if self._keyed is None:
             return b""
-        mac = hmac.new(self._key, digestmod=self._digestmod)
+        mac = self._keyed.copy()
         for part in parts[:4]:
             mac.update(part)
         return mac.hexdigest().encode("ascii")
@@ -233,7 +236,8 @@ def decode_zmq_message(frames: list[bytes], signer: Signer) -> KernelMessage:
 
 def _load_object(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
+        # From str: json.loads would otherwise detect the encoding of every bytes part.
+        value = json.loads(raw.decode())
     except (ValueError, UnicodeDecodeError) as error:
         raise MalformedMessage(f"{what} is not valid JSON") from error
     if not isinstance(value, dict):
@@ -241,8 +245,12 @@ def _load_object(raw: bytes, what: str) -> dict[str, Any]:
     return value
 
 
+@functools.lru_cache(maxsize=256)
 def _peek_parent(raw_parent: bytes) -> tuple[str | None, str | None]:
-    """The parent header's ``(msg_id, msg_type)``; Nones for a message with no parent."""
+    """The parent header's ``(msg_id, msg_type)``; Nones for a message with no parent.
+
+    Cached: every message an execution causes carries the same parent header bytes, so a
+    flood parses it once. (A malformed one raises, and exceptions are not cached.)"""
     if raw_parent in (b"{}", b""):
         return None, None
     parent = _load_object(raw_parent, "parent_header")

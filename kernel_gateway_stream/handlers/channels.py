@@ -123,6 +123,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             stale.websocket_handler.close()
             stale.disconnect()
         self._open_sessions[self.session_key] = self
+        # Frames are merged by the broker already; Nagle's algorithm would hold a small
+        # one for the client's delayed ACK (~40 ms on Linux).
+        self.websocket_handler.set_nodelay(True)
         queue = self.services.new_queue(since or 0)
         self.subscriber = Subscriber(
             self.kernel_id, self.services.broker, self.services.store, self, queue

@@ -33,7 +33,7 @@ from ..core.errors import LocalError, SequenceAhead, UnknownKernel
 from ..core.frames import Frame
 from ..core.subscription import Overflow
 from ..core.wire import Protocol, encode_sse
-from .common import ServicesMixin, discarded_notice, parse_msg_types, parse_seq
+from .common import ServicesMixin, discarded_notice, no_delay, parse_msg_types, parse_seq
 
 __all__ = ["StreamHandler"]
 
@@ -69,6 +69,7 @@ class StreamHandler(ServicesMixin, APIHandler):
         self.set_header("Content-Type", CONTENT_TYPE)
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")  # nginx: do not buffer the stream
+        no_delay(self)
         self.flush()
         heartbeat = PeriodicCallback(self._heartbeat, self.services.sse_heartbeat * 1000)
         heartbeat.start()

@@ -119,6 +119,13 @@ class SQLiteTranscriptStore(TranscriptStore):
         help="Most records written in one transaction; the writer takes whatever is queued, "
         "up to this many, each time it commits.",
     )
+    batch_linger = Float(
+        0.01,
+        config=True,
+        help="Seconds the writer waits after a record arrives so that what follows is "
+        "committed with it. Larger: fewer commits and less CPU; it is also how much recent "
+        "output a killed gateway can lose from the transcript (live clients still get it).",
+    )
     max_bytes_per_kernel = Int(
         256 * 1024 * 1024,
         config=True,
@@ -317,6 +324,10 @@ class SQLiteTranscriptStore(TranscriptStore):
         stopping = False
         while not stopping:
             batch = [self._queue.get()]
+            if self.batch_linger > 0 and isinstance(batch[0], Record):
+                # Let a batch gather: one commit per linger instead of one per record
+                # (and one wake-up of this thread, not one per append).
+                time.sleep(self.batch_linger)
             while len(batch) < self.batch_max_records:
                 try:
                     batch.append(self._queue.get_nowait())
