@@ -25,7 +25,7 @@ import contextlib
 import datetime
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from jupyter_client.session import Session
@@ -96,7 +96,8 @@ class KernelTap:
         self.received = 0
         self.rejected = 0
         self._active = False
-        self._iopub: ZMQStream | None = None
+        self._iopub: zmq.Socket[bytes] | None = None
+        self._iopub_fd = -1
         self._nudger: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -126,8 +127,14 @@ class KernelTap:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.connect(channel_url(info, "iopub"))
-        self._iopub = ZMQStream(socket)
-        self._iopub.on_recv(self._on_iopub)
+        self._iopub = socket
+        self._iopub_fd = cast(int, socket.getsockopt(zmq.FD))
+        # Read straight off the socket's notification fd (edge-triggered: every wake-up
+        # reads until the socket says it has nothing more), not through a ZMQStream, whose
+        # per-message callbacks and end-of-batch exception cost more than the decoding.
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._iopub_fd, self._on_readable)
+        loop.call_soon(self._on_readable)
         if self.ready.done():
             self.ready = asyncio.get_running_loop().create_future()
         self._nudger = asyncio.ensure_future(self._nudge(info))
@@ -155,28 +162,38 @@ class KernelTap:
         finally:
             shell.close(linger=0)
 
-    def _on_iopub(self, frames: list[bytes]) -> None:
-        """ZMQStream callback for one message; drains what else is queued, in a batch.
+    def _on_readable(self) -> None:
+        """Read what IOPub has queued, in a bounded batch so other work on the loop gets
+        its turn; a batch that hits the bound continues on the next loop iteration."""
+        if self._read(self.manager.iopub_batch, self.manager.iopub_batch_bytes):
+            asyncio.get_running_loop().call_soon(self._on_readable)
 
-        ZMQStream costs an event-loop iteration per message; a fast kernel is cheaper to
-        read in batches (bounded, so other work on the loop still gets its turn).
-        """
+    def _read(self, most: int | None, most_bytes: int | None) -> bool:
+        """Read up to ``most`` messages / ``most_bytes``; True if more are waiting."""
+        socket = self._iopub
+        if socket is None or socket.closed:
+            return False
+        count = taken = 0
+        self._active = False
+        try:
+            while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
+                if (most is not None and count >= most) or (
+                    most_bytes is not None and taken >= most_bytes
+                ):
+                    return True
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+                count += 1
+                taken += sum(map(len, frames))
+                self._decode_and_record(frames)
+        finally:
+            if count:
+                self._received_batch()
+        return False
+
+    def _received_batch(self) -> None:
         if not self.ready.done():
             self.ready.set_result(None)
             self.manager.retire_activity_watcher(self.kernel_id)
-        self._active = False
-        self._decode_and_record(frames)
-        socket = self._iopub.socket if self._iopub is not None else None
-        taken = sum(map(len, frames))
-        for _ in range(self.manager.iopub_batch - 1):
-            if socket is None or socket.closed or taken >= self.manager.iopub_batch_bytes:
-                break
-            try:
-                frames = socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            taken += sum(map(len, frames))
-            self._decode_and_record(frames)
         if self._active:
             # Once per batch: last_activity is a trait, and setting one is not free.
             multi = self.manager.kernel_manager
@@ -234,16 +251,18 @@ class KernelTap:
 
     def _drain(self) -> None:
         """Read whatever IOPub messages are already queued on the socket."""
-        if self._iopub is not None and not self._iopub.closed():
-            self._iopub.flush()
+        self._read(None, None)
 
     def _disconnect(self) -> None:
         if self._nudger is not None:
             self._nudger.cancel()
             self._nudger = None
-        if self._iopub is not None:
+        socket = self._iopub
+        if socket is not None:
             self._drain()
-            self._iopub.close(linger=0)
+            if not socket.closed:
+                asyncio.get_running_loop().remove_reader(self._iopub_fd)
+                socket.close(linger=0)
             self._iopub = None
 
     def reconnect(self) -> None:
