@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from typing import Any, ClassVar
 
 from jupyter_core.utils import ensure_async
@@ -36,6 +37,8 @@ from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError
+from traitlets import Any as AnyTrait
+from traitlets import default
 from zmq.eventloop.zmqstream import ZMQStream
 
 from ..broker.base import Subscriber, TransportClosed
@@ -47,7 +50,7 @@ from ..core.errors import (
     UnknownKernel,
 )
 from ..core.frames import Frame
-from ..core.messages import KernelMessage, Signer, split_identities
+from ..core.messages import DELIMITER, KernelMessage, Signer, split_identities
 from ..core.subscription import Overflow
 from ..core.wire import Protocol, decode_incoming
 from ..tap import connect_dealer
@@ -70,8 +73,38 @@ CLOSE_LINGER_MS = 5000
 STDIN_HANDSHAKE_TIMEOUT = 5.0
 
 
+class ConnectionSession:
+    """What a channels connection needs of a jupyter_client ``Session``: the client's
+    session id (also its DEALER identity) and signing with the kernel's key.
+
+    jupyter_server gives every connection a full ``Session``, a configurable with dozens
+    of traits; a thousand clients watching one kernel would each carry one.
+    """
+
+    __slots__ = ("session", "signer")
+
+    def __init__(self) -> None:
+        self.session = uuid.uuid4().hex
+        self.signer: Signer | None = None
+
+    @property
+    def bsession(self) -> bytes:
+        return self.session.encode()
+
+    def send_raw(self, socket: Any, parts: list[bytes]) -> None:
+        """Send ``[header, parent, metadata, content, *buffers]``, signed."""
+        assert self.signer is not None, "prepare() sets the signer"
+        socket.send_multipart([DELIMITER, self.signer.sign(parts), *parts])
+
+
 class StreamChannelsConnection(BaseKernelWebsocketConnection):
     """One client's channels connection; ``ServerApp.kernel_websocket_connection_class``."""
+
+    session = AnyTrait()  # a ConnectionSession, not a jupyter_client Session
+
+    @default("session")
+    def _connection_session(self) -> ConnectionSession:
+        return ConnectionSession()
 
     #: Open connections by ``kernel_id:session_id``, to replace a stale one on reconnect.
     _open_sessions: ClassVar[dict[str, StreamChannelsConnection]] = {}
@@ -102,8 +135,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
     async def prepare(self) -> None:
         """Before the upgrade: make sure the kernel is tapped and its IOPub subscription live."""
         self.tap = await self.services.taps.ensure(self.kernel_id)
-        self.session.key = self.kernel_manager.session.key
-        self.signer = Signer(self.kernel_manager.session.key, self.session.signature_scheme)
+        kernel_session = self.kernel_manager.session
+        self.signer = Signer(kernel_session.key, kernel_session.signature_scheme)
+        self.session.signer = self.signer
         await self.tap.ready
 
     async def connect(self) -> None:
