@@ -20,13 +20,12 @@ import platform
 import statistics
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from kernel_gateway_stream.client import GatewayClient
 
-from .flood import TOKEN, Server
+from .systems import GATEWAY, TOKEN, Server
 
 LOOPS = {
     "sleep loop": "import time\nwhile True:\n    time.sleep(0.01)",
@@ -74,7 +73,9 @@ def percentile(values: list[float], fraction: float) -> float:
 
 async def main(repeats: int, prints: int, output: Path) -> None:
     with tempfile.TemporaryDirectory() as home:
-        async with Server("gateway", Path(home) / uuid.uuid4().hex) as server:
+        server = Server(GATEWAY, Path(home) / "gateway", Path(home) / "jupyter")
+        await server.start()
+        try:
             client = GatewayClient(f"http://127.0.0.1:{server.port}", TOKEN)
             kernel_id = await client.start_kernel()
             await client.execute(kernel_id, "print('warm')")
@@ -99,6 +100,8 @@ async def main(repeats: int, prints: int, output: Path) -> None:
             )
             await client.shutdown(kernel_id)
             client.close()
+        finally:
+            await server.stop()
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2))
     print(f"JSON: {output}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -20,6 +20,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .wsclient import Tally
 
 DELIMITER = b"<IDS|MSG>"
+T = TypeVar("T", bound=Tally)
 
 
 class DirectKernel:
@@ -40,7 +41,7 @@ class DirectKernel:
         self.client.stop_channels()
         await self.manager.shutdown_kernel(now=True)
 
-    async def run(self, code: str, tally: Tally, timeout: float = 600) -> Tally:
+    async def run(self, code: str, tally: T, timeout: float = 600) -> T:
         """Execute ``code`` and count its output through jupyter_client's IOPub channel."""
         tally.msg_id = self.client.execute(code)
         while not tally.done:
@@ -49,7 +50,7 @@ class DirectKernel:
             tally.feed(message)
         return tally
 
-    async def run_bare(self, code: str, tally: Tally, timeout: float = 600) -> Tally:
+    async def run_bare(self, code: str, tally: T, timeout: float = 600) -> T:
         """Execute ``code`` and count its output on a bare SUB socket of our own."""
         context = zmq.asyncio.Context.instance()
         sub = context.socket(zmq.SUB)
