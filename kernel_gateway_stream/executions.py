@@ -26,6 +26,9 @@ from .tap import KernelTap, TapManager, connect_dealer
 
 __all__ = ["UNFINISHED", "ExecutionManager", "KernelExecutor"]
 
+#: Seconds an execution stays known after its execute_reply, for its IOPub to be recorded.
+REPLY_GRACE = 10.0
+
 #: Summary statuses of an execution that has not ended.
 UNFINISHED = frozenset({"queued", "running"})
 
@@ -101,8 +104,12 @@ class KernelExecutor:
     def _on_shell(self, frames: list[bytes]) -> None:
         message = self._decode(frames)
         if message is not None and message.msg_type == "execute_reply":
-            self.running.discard(message.parent_msg_id or "")
-            self.waiting_input.pop(message.parent_msg_id or "", None)
+            msg_id = message.parent_msg_id or ""
+            self.waiting_input.pop(msg_id, None)
+            # The reply comes on shell, the output on IOPub: two sockets, read in no
+            # particular order. Until the Tap has recorded the execution's IOPub messages
+            # its summary still needs ``running`` to say "queued" rather than "unknown".
+            asyncio.get_running_loop().call_later(REPLY_GRACE, self.running.discard, msg_id)
 
     def _on_stdin(self, frames: list[bytes]) -> None:
         message = self._decode(frames)

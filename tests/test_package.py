@@ -15,7 +15,9 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_is_clean() -> None:
-    result = run(sys.executable, "-m", "ruff", "check", "kernel_gateway_stream", "tests", "benchmarks")
+    result = run(
+        sys.executable, "-m", "ruff", "check", "kernel_gateway_stream", "tests", "benchmarks"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 

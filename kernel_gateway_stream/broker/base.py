@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABCMeta, abstractmethod
+from collections.abc import Callable
 from typing import Protocol
 
 from traitlets.config import LoggingConfigurable
@@ -44,6 +45,10 @@ class Transport(Protocol):
         Raises:
             TransportClosed: the client is gone.
         """
+
+    # Optional: ``write_now(frames) -> asyncio.Future[None] | None`` writes without waiting and
+    # returns what to await for the flush. A transport that has it is written to straight
+    # from :meth:`Subscriber.offer` while nothing is in flight, without waking a task.
 
     def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
         """A notice that records ``first_seq..last_seq`` were discarded by retention,
@@ -84,6 +89,12 @@ class Subscriber:
         self.replay_frame_bytes = replay_frame_bytes
         self._wake = _Signal()
         self._drained = _Signal()
+        self._write_now: Callable[[list[Frame]], asyncio.Future[None] | None] | None = getattr(
+            transport, "write_now", None
+        )
+        #: True while the writer waits for work (the fast path may write for it).
+        self._parked = False
+        self._in_flight: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
         self._ending = False
@@ -174,8 +185,38 @@ class Subscriber:
             self.close()
             self.transport.overflowed(overflow)
             return
-        if not self.queue.holding:
+        if self.queue.holding:
+            return
+        if self._parked and self._write_now is not None and self._in_flight is None:
+            self._send_now()
+        else:
             self._wake.set()
+
+    def _send_now(self) -> None:
+        """The fast path of :meth:`offer`: the writer is idle, nothing is in flight, so the
+        frames are written at once, in order, and the writer only awaits their flush."""
+        frames = self.queue.take()
+        if not frames:
+            return
+        if not self.transport.is_open():
+            self.close()
+            return
+        self.queue.sent(frames)
+        assert self._write_now is not None
+        try:
+            pending = self._write_now(frames)
+        except TransportClosed:
+            self.close()
+            return
+        if pending is not None and not pending.done():
+            self._in_flight = pending
+            pending.add_done_callback(self._flushed)
+
+    def _flushed(self, future: asyncio.Future[None]) -> None:
+        if self._in_flight is future:
+            self._in_flight = None
+        if not future.cancelled() and future.exception() is not None:
+            self.close()  # the client went away under a fast-path write
 
     def reply(self, frame: Frame, now: float) -> None:
         """Queue a reply on the client's own shell, control or stdin channel."""
@@ -203,8 +244,18 @@ class Subscriber:
 
     async def _write_loop(self) -> None:
         while not self._closed:
+            self._parked = True
             await self._wake.wait()
+            self._parked = False
             self._wake.clear()
+            in_flight = self._in_flight
+            if in_flight is not None:
+                # A fast-path write is being flushed: wait for it, so writes stay bounded
+                # (a slow client's frames pile up in its queue, where the limits apply).
+                with contextlib.suppress(Exception):  # _flushed closes on an error
+                    await asyncio.shield(in_flight)
+                if self._closed:
+                    return
             frames = self.queue.take()
             if not frames:
                 if self._ending and not len(self.queue):

@@ -299,6 +299,15 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         return not self._closed and connection is not None and not connection.is_closing()
 
     async def send(self, frames: list[Frame]) -> None:
+        pending = self.write_now(frames)
+        try:
+            if pending is not None:
+                await pending
+        except (WebSocketClosedError, StreamClosedError) as error:
+            raise TransportClosed from error
+
+    def write_now(self, frames: list[Frame]) -> asyncio.Future[None] | None:
+        """Write ``frames`` to the socket now; the returned future resolves on flush."""
         protocol = self.protocol
         handler = self.websocket_handler
         pending = None
@@ -306,10 +315,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             for frame in frames:
                 payload, binary = frame.encode(protocol)
                 pending = handler.write_message(payload, binary=binary)
-            if pending is not None:
-                await pending
         except (WebSocketClosedError, StreamClosedError) as error:
             raise TransportClosed from error
+        return pending
 
     def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
         return discarded_notice(first_seq, last_seq, self.session_id or "")
