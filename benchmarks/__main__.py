@@ -88,6 +88,12 @@ def find(rows: list[Row], scenario: str, system: str, case: str | None = None) -
     return None
 
 
+def workload(item: Row) -> str:
+    """A throughput row's workload without its protocol: "100,000 x 64 B"."""
+    case: str = item["case"]
+    return case.rsplit(", ", 1)[0]
+
+
 def add_ratios(rows: list[Row]) -> None:
     """Each row against its reference: the same scenario's physical limit, or (fan-out)
     the same system with one client."""
@@ -98,9 +104,9 @@ def add_ratios(rows: list[Row]) -> None:
         if scenario == "loss" and direct and item is not direct:
             item["x_direct"] = item["seconds"] / direct["seconds"]
         elif scenario == "throughput" and item["system"] != "bare pyzmq SUB":
-            size = item["case"].split(",")[0]
+            size = workload(item)
             bare = next(
-                (r for r in rows if r["system"] == "bare pyzmq SUB" and r["case"].startswith(size)),
+                (r for r in rows if r["system"] == "bare pyzmq SUB" and workload(r) == size),
                 None,
             )
             if bare:
@@ -158,7 +164,7 @@ COLUMNS = {
         "rss_before_mib",
         "rss_after_mib",
         "kib_per_client",
-        "all_live",
+        "live_clients",
         "note",
     ],
     "transcript": ["records", "records_per_second", "first_record_ms", "seconds", "cpu_seconds"],
@@ -195,15 +201,11 @@ def targets(rows: list[Row]) -> list[Row]:
         check("loss 0% for every client", worst, worst == 0, "worst loss %, both protocols")
         ratio = max(r.get("x_direct", math.nan) for r in loss_rows)
         check("loss-scenario time <= 1.05 x direct ZMQ", ratio, ratio <= 1.05, "worst protocol")
-    for case_size in sorted(
-        {r["case"].split(",")[0] for r in rows if r["scenario"] == "throughput"}
-    ):
+    for case_size in sorted({workload(r) for r in rows if r["scenario"] == "throughput"}):
         mine = [
             r
             for r in rows
-            if r["scenario"] == "throughput"
-            and r["system"] == ours
-            and r["case"].startswith(case_size)
+            if r["scenario"] == "throughput" and r["system"] == ours and workload(r) == case_size
         ]
         if not mine:
             continue
@@ -214,7 +216,7 @@ def targets(rows: list[Row]) -> list[Row]:
             for r in rows
             if r["scenario"] == "throughput"
             and r["system"] == "jupyter_server (limit off)"
-            and r["case"].startswith(case_size)
+            and workload(r) == case_size
         ]
         if peer:
             ratio = rate / peer[0]["messages_per_second"]
