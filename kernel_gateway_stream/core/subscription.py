@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .frames import Frame, merge_runs
+from .frames import Frame, SharedMerges, merge_runs
 
 __all__ = ["LIFECYCLE_STATES", "Overflow", "SubscriberQueue"]
 
@@ -49,6 +49,7 @@ class SubscriberQueue:
         "max_bytes",
         "max_lag",
         "merge_max_bytes",
+        "merges",
         "msg_types",
         "overflow",
         "parent",
@@ -62,6 +63,7 @@ class SubscriberQueue:
         max_bytes: int = 32 * 1024 * 1024,
         max_lag: float = 60.0,
         merge_max_bytes: int = 1024 * 1024,
+        merges: SharedMerges | None = None,
         holding: bool = False,
         parent: str | None = None,
         msg_types: frozenset[str] | None = None,
@@ -76,6 +78,8 @@ class SubscriberQueue:
         self.max_bytes = max_bytes
         self.max_lag = max_lag
         self.merge_max_bytes = merge_max_bytes
+        #: Merges shared with the kernel's other subscribers (see SharedMerges).
+        self.merges = merges
         self.holding = holding
         #: Only IOPub frames of this parent msg_id, and of these types, are queued.
         self.parent = parent
@@ -136,7 +140,8 @@ class SubscriberQueue:
         self._frames = []
         self.queued_bytes = 0
         if len(frames) > 1:
-            frames = merge_runs(frames, self.merge_max_bytes)
+            merge = self.merges.merge_runs if self.merges is not None else merge_runs
+            frames = merge(frames, self.merge_max_bytes)
         return frames
 
     def sent(self, frames: list[Frame]) -> None:

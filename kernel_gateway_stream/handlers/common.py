@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tornado import web
 
 from ..broker.base import Broker
 from ..core.errors import BadRequest, LocalError
-from ..core.frames import Frame
+from ..core.frames import Frame, SharedMerges
 from ..core.messages import KernelMessage
 from ..core.subscription import SubscriberQueue
 from ..stores.base import TranscriptStore
@@ -39,6 +39,8 @@ class Services:
     subscriber_options: dict[str, Any]
     #: Seconds between SSE keep-alive comments.
     sse_heartbeat: float = 15.0
+    #: Merges of queued frames, shared by the subscribers that are behind together.
+    merges: SharedMerges = field(default_factory=SharedMerges)
 
     def new_queue(
         self,
@@ -54,6 +56,7 @@ class Services:
             max_bytes=options["max_bytes"],
             max_lag=options["max_lag"],
             merge_max_bytes=options["merge_max_bytes"],
+            merges=self.merges,
             parent=parent,
             msg_types=msg_types,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import frame, make_message, status, stream
 
-from kernel_gateway_stream.core.frames import Frame
+from kernel_gateway_stream.core.frames import Frame, SharedMerges
 from kernel_gateway_stream.core.subscription import Overflow, SubscriberQueue
 
 
@@ -260,3 +260,25 @@ def test_overflow_while_holding_reports_the_replayed_position(holding: bool) -> 
     overflow = queue.offer(_out(5), now=0.0)
     assert overflow is not None
     assert overflow.last_seq == 2
+
+
+def test_subscribers_behind_together_share_one_merged_frame() -> None:
+    """Invariant 4: two subscribers holding the same queued frames get the same merged
+    frame object, so it is encoded once for both; other frames merge on their own."""
+    merges = SharedMerges(size=2)
+    frames = [_out(seq, str(seq)) for seq in range(1, 4)]
+    first, second = (SubscriberQueue(since=0, merges=merges) for _ in range(2))
+    for queue in (first, second):
+        for f in frames:
+            queue.offer(f, now=1.0)
+    (merged,) = first.take()
+    (again,) = second.take()
+    assert merged is again
+    assert (merged.first_seq, merged.last_seq, merged.text) == (1, 3, "123")
+    other = SubscriberQueue(since=0, merges=merges)
+    for f in [_out(seq, str(seq)) for seq in range(1, 4)]:  # equal, but other objects
+        other.offer(f, now=1.0)
+    (separate,) = other.take()
+    assert separate is not merged
+    assert separate.text == "123"
+    assert len(merges._memory) == 2
