@@ -29,7 +29,7 @@ from typing import Any
 from jupyter_core.paths import jupyter_data_dir
 from traitlets import Enum, Float, Int, Unicode, default
 
-from ..core.messages import KernelMessage, Record
+from ..core.messages import KernelMessage, Record, peek_stream
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
 
 __all__ = ["SQLiteTranscriptStore"]
@@ -541,7 +541,8 @@ def _record_from_row(row: tuple[Any, ...]) -> Record:
     text = execution_state = None
     # Decoding to str first spares json.loads its per-call encoding detection.
     if stream_name is not None:
-        text = json.loads(content.decode()).get("text")
+        peeked = peek_stream(content)
+        text = peeked[1] if peeked is not None else json.loads(content.decode()).get("text")
     elif msg_type == "status":
         execution_state = json.loads(content.decode()).get("execution_state")
     message = KernelMessage(

@@ -23,10 +23,12 @@ from kernel_gateway_stream.core.messages import (
     KernelMessage,
     Signer,
     decode_zmq_message,
+    peek_stream,
     split_identities,
 )
 
 KEY = b"a-session-key"
+HEADER_STREAM = json.dumps({"msg_id": "m1", "msg_type": "stream"}).encode()
 
 
 def test_decode_stream_message_peeks_routing_fields_and_keeps_raw_parts() -> None:
@@ -289,3 +291,30 @@ def test_synthesize_stream_is_a_stream_and_honours_username() -> None:
     )
     assert (message.stream_name, message.text) == ("stderr", "notice\n")
     assert message.header()["username"] == "ops"
+
+
+@pytest.mark.parametrize(
+    "text", ["", "plain\n", 'quote " and \\ backslash', "é✓😀", "\x00\x1f control", "a\r\nb"]
+)
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_stream_text_read_by_the_scanner_is_the_parsed_text(text: str, ascii_only: bool) -> None:
+    """The stream fast path reads exactly what a full JSON parse reads."""
+    content = json.dumps({"name": "stderr", "text": text}, ensure_ascii=ascii_only).encode()
+    assert peek_stream(content) == ("stderr", text)
+    message = KernelMessage.from_parts([HEADER_STREAM, b"{}", b"{}", content])
+    assert (message.stream_name, message.text) == ("stderr", text)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"text": "a", "name": "stdout"}',
+        b'{"name": "stdout", "text": "a", "extra": "b"}',
+        b'{"name": "stdout", "text": "a\x01"}',
+        b'{"name": "other", "text": "a"}',
+        b'{"name": "stdout", "text": "\\u12"}',
+    ],
+)
+def test_other_stream_layouts_are_parsed_in_full(content: bytes) -> None:
+    """Anything but the usual layout goes to the full parse, which validates it."""
+    assert peek_stream(content) is None
