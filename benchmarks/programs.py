@@ -53,9 +53,16 @@ async def interrupt_latency(client: GatewayClient, kernel_id: str, code: str) ->
 async def print_to_callback(client: GatewayClient, kernel_id: str, prints: int) -> list[float]:
     delays: list[float] = []
 
+    partial = ""
+
     def on_stdout(text: str) -> None:
+        # A print may arrive in two pieces (its text, then its newline): whole lines only.
+        nonlocal partial
         now = time.time()
-        for line in text.splitlines():
+        text = partial + text
+        cut = text.rfind("\n") + 1
+        partial = text[cut:]
+        for line in text[:cut].splitlines():
             delays.append(now - float(line))
 
     code = (
