@@ -57,10 +57,10 @@ QUICK = Plan(
     fanout_messages=1_000,
     latency_prints=150,
     idle_clients=200,
-    transcript_records=100_000,
-    catchup_behind=3.0,
+    transcript_records=50_000,
+    catchup_behind=2.0,
     timeout=10.0,
-    fanout_timeout=8.0,
+    fanout_timeout=5.0,
     peer_repeats=1,
 )
 
