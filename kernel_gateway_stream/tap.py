@@ -184,7 +184,12 @@ class KernelTap:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
                 count += 1
                 taken += sum(map(len, frames))
-                self._decode_and_record(frames)
+                try:
+                    self._decode_and_record(frames)
+                except Exception:
+                    # Never stop reading: the fd signals only on an edge, so a batch that
+                    # ends in an exception would leave the socket unread for good.
+                    self.log.exception("Recording an IOPub message of %s failed", self.kernel_id)
         finally:
             if count:
                 self._received_batch()

@@ -69,6 +69,25 @@ class Subscriber:
     :meth:`close` when the client goes away.
     """
 
+    # Slots: a thousand idle subscribers of one kernel each hold one of these.
+    __slots__ = (
+        "_closed",
+        "_drained",
+        "_ending",
+        "_in_flight",
+        "_parked",
+        "_wake",
+        "_write_now",
+        "_writer",
+        "broker",
+        "kernel_id",
+        "queue",
+        "replay_frame_bytes",
+        "replay_page",
+        "store",
+        "transport",
+    )
+
     def __init__(
         self,
         kernel_id: str,

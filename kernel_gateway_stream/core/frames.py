@@ -182,6 +182,13 @@ def merge_runs(frames: list[Frame], max_bytes: int) -> list[Frame]:
     return merged
 
 
+#: Longest queue whose merge :class:`SharedMerges` remembers. Subscribers behind together
+#: are a few frames behind; a long queue is one slow client's, and remembering it would
+#: keep its backlog alive.
+MEMO_MAX_FRAMES = 64
+MEMO_MAX_BYTES = 1 << 20
+
+
 class SharedMerges:
     """:func:`merge_runs` with a memory of its last few answers, shared by subscribers.
 
@@ -204,6 +211,8 @@ class SharedMerges:
         if known is not None and known[2] == max_bytes:
             return list(known[1])
         merged = merge_runs(frames, max_bytes)
+        if len(frames) > MEMO_MAX_FRAMES or sum(f.size for f in frames) > MEMO_MAX_BYTES:
+            return merged  # a slow client's own backlog: nobody shares it, keep nothing
         if len(self._memory) >= self.size:
             del self._memory[next(iter(self._memory))]
         self._memory[key] = (frames, merged, max_bytes)

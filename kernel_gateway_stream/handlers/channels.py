@@ -35,6 +35,7 @@ from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.services.kernels.connection.base import BaseKernelWebsocketConnection
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler
 from tornado import web
+from tornado.httputil import HTTPHeaders
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError
 from traitlets import Any as AnyTrait
@@ -114,6 +115,8 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self.channels: dict[str, Any] = {}
         self.subscriber: Subscriber | None = None
         self._held: list[tuple[str, list[bytes]]] = []
+        #: The Tap's ``ready`` future that held requests wait on, if any.
+        self._waiting_for: asyncio.Future[None] | None = None
         #: The stdin socket's monitor until the kernel knows our identity.
         self._stdin_monitor: ZMQStream | None = None
         self._closed = False
@@ -135,8 +138,8 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
     async def prepare(self) -> None:
         """Before the upgrade: make sure the kernel is tapped and its IOPub subscription live."""
         self.tap = await self.services.taps.ensure(self.kernel_id)
-        kernel_session = self.kernel_manager.session
-        self.signer = Signer(kernel_session.key, kernel_session.signature_scheme)
+        # The kernel's Tap signs and verifies with its key already: share its Signer.
+        self.signer = self.tap.signer
         self.session.signer = self.signer
         await self.tap.ready
 
@@ -160,6 +163,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         # Frames are merged by the broker already; Nagle's algorithm would hold a small
         # one for the client's delayed ACK (~40 ms on Linux).
         self.websocket_handler.set_nodelay(True)
+        self._shed_upgrade_state()
         queue = self.services.new_queue(since or 0)
         self.subscriber = Subscriber(
             self.kernel_id, self.services.broker, self.services.store, self, queue
@@ -167,6 +171,17 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self.multi_kernel_manager.notify_connect(self.kernel_id)
         self._counted = True
         await self.subscriber.start(since)
+
+    def _shed_upgrade_state(self) -> None:
+        """Drop what only the upgrade needed and every connection would otherwise keep for
+        its lifetime (a thousand idle clients, a few KiB each): the headers of the request
+        and of the 101 response, the cookies parsed for authentication and the login
+        cookie jupyter_server set."""
+        handler = self.websocket_handler
+        handler.__dict__.pop("_new_cookie", None)
+        handler._headers = HTTPHeaders()
+        handler.request.headers = HTTPHeaders()
+        handler.request.__dict__.pop("_cookies", None)
 
     @property
     def client_session(self) -> bool:
@@ -194,6 +209,13 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             held, self._held = self._held, []
             for channel, parts in held:
                 self._send(channel, parts)
+        elif self._held:
+            self.log.warning(
+                "Dropping %d request(s) of %s: the client left while the kernel restarted",
+                len(self._held),
+                self.session_key,
+            )
+            self._held = []
         for stream in self.channels.values():
             if not stream.closed():
                 stream.on_recv(None)
@@ -255,15 +277,25 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         # Hold requests until the Tap sees IOPub (it is resubscribing after a restart), so
         # the output they cause is recorded, and until the stdin socket is known to the
         # kernel, so the input_request they cause arrives.
-        if not self._held and not self.tap.ready.done():
-            self.tap.ready.add_done_callback(self._release_held)
         self._held.append((message.channel, message.parts))
+        self._release_when_ready()
 
     def _can_send(self) -> bool:
         return self.tap.ready.done() and self._stdin_monitor is None
 
+    def _release_when_ready(self) -> None:
+        """Release the held requests when the Tap is ready: once per ``ready`` future, which
+        a kernel restart replaces while requests wait."""
+        ready = self.tap.ready
+        if not ready.done() and self._waiting_for is not ready:
+            self._waiting_for = ready
+            ready.add_done_callback(self._release_held)
+
     def _release_held(self, _: Any) -> None:
-        if not self._can_send() or self._closed:
+        if self._closed:
+            return
+        if not self._can_send():
+            self._release_when_ready()  # the stdin handshake or a new ready releases them
             return
         held, self._held = self._held, []
         for channel, parts in held:
@@ -315,6 +347,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             for frame in frames:
                 payload, binary = frame.encode(protocol)
                 pending = handler.write_message(payload, binary=binary)
+                # A client that drops mid-batch fails every write's future; nobody awaits
+                # the earlier ones, so retrieve their errors (asyncio would log each).
+                pending.add_done_callback(_retrieve)
         except (WebSocketClosedError, StreamClosedError) as error:
             raise TransportClosed from error
         return pending
@@ -374,6 +409,11 @@ class ChannelsHandler(KernelWebsocketHandler):
         if self.connection is not None:
             self.connection.disconnect()
             self.connection = None
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 #: Seconds a client of a kernel that shut down gets to receive what was queued for it.

@@ -394,3 +394,30 @@ async def test_oversized_inbound_frame_closes_only_its_socket(
     msg_id = good.execute("print('still here')")
     assert (await good.until_idle(msg_id)).text() == "still here\n"
     assert await transcript(kernel_id, format="text", parent=msg_id) == "still here\n"
+
+
+async def test_a_failure_recording_one_message_does_not_stop_the_tap(
+    start_kernel: Any, connect: Any, services: Any, transcript: Any
+) -> None:
+    """Invariant 2, defensively: if recording one IOPub message raises (a bug, a full
+    disk), the Tap logs it and keeps reading; everything after it is recorded and sent."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    await ws.until_idle(ws.execute("print('warm')"))
+    tap = services.taps.taps[kernel_id]
+    record, failed = tap._record, []
+
+    def record_but_fail_once(message: Any) -> None:
+        if message.msg_type == "stream" and not failed:
+            failed.append(message)
+            raise RuntimeError("injected failure")
+        record(message)
+
+    tap._record = record_but_fail_once
+    msg_id = ws.execute("for i in range(3): print(i, flush=True)")
+    received = await ws.until_idle(msg_id)
+    assert failed, "the injected failure did not happen"
+    assert received.text().endswith("2\n")
+    later = ws.execute("print('after')")
+    assert (await ws.until_idle(later)).text() == "after\n"
+    assert (await transcript(kernel_id, format="text", parent=later)) == "after\n"
