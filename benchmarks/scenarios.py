@@ -319,7 +319,8 @@ class LatencyTally(Tally):
 
     def count(self, text: str) -> None:
         now = time.time()
-        whole = (self.partial + text)[: (self.partial + text).rfind("\n") + 1]
+        joined = self.partial + text
+        whole = joined[: joined.rfind("\n") + 1]
         super().count(text)
         for line in whole.splitlines():
             self.delays.append(now - float(line.split(" ")[1]))
