@@ -7,26 +7,34 @@
     kgs kernels
 
 Connection: ``--url`` (``$KGS_URL``, default http://127.0.0.1:8888) and ``--token``
-(``$KGS_TOKEN`` or ``$JUPYTER_TOKEN``). ``run`` exits 0 when the code succeeded, 1 on an
-error, 130 when interrupted (Ctrl-C interrupts the kernel) and 3 if the kernel died or the
-gateway could not be reached.
+(``$KGS_TOKEN`` or ``$JUPYTER_TOKEN``).
+
+Exit status: 0 when the code succeeded, 1 on an error in it, 3 if the kernel died or the
+gateway could not be reached (or refused the request), and 128 + the signal's number when
+stopped by one: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for SIGHUP (a closed
+terminal). In ``run``, Ctrl-C interrupts the kernel and waits for the execution to end; a
+second Ctrl-C stops waiting. A kernel that ``run`` started is shut down however it ends,
+unless ``--keep`` (SIGKILL cannot be caught: then it is left running).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import json
 import signal
 import sys
 from typing import Any
 
-from .client import ClientError, GatewayClient, KernelDied
+from .client import ClientError, Event, GatewayClient, Reconnect
 
 __all__ = ["main"]
 
 EXIT_OK, EXIT_ERROR, EXIT_GATEWAY, EXIT_INTERRUPTED = 0, 1, 3, 130
+#: The signals that stop ``kgs`` (after it has shut down a kernel it started).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,13 +54,41 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a kernel's transcript")
     export.add_argument("kernel")
     export.add_argument("--format", choices=("text", "jsonl"), default="text")
-    export.add_argument("--since", type=int, default=0)
+    export.add_argument("--since", type=int, default=0, help="after this sequence number")
     export.add_argument("--parent", help="only this execution's records")
     commands.add_parser("kernels", help="list running kernels")
     return parser
 
 
-async def _run(client: GatewayClient, args: argparse.Namespace) -> int:
+class Stopper:
+    """Turns the stop signals into a cancellation of the command's task, once.
+
+    ``kgs run`` takes SIGINT over (:meth:`on_sigint`): the first interrupts the kernel.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[int]) -> None:
+        self.loop = loop
+        self.task = task
+        #: The signal that stopped the command, if one did.
+        self.signal: int | None = None
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, self.stop, signum)
+
+    def stop(self, signum: int) -> None:
+        if self.signal is None:
+            self.signal = signum
+            self.task.cancel()
+
+    def on_sigint(self, handler: Any) -> None:
+        """Call ``handler()`` on SIGINT instead of stopping."""
+        self.loop.add_signal_handler(signal.SIGINT, handler)
+
+    def remove(self) -> None:
+        for signum in STOP_SIGNALS:
+            self.loop.remove_signal_handler(signum)
+
+
+async def _run(client: GatewayClient, args: argparse.Namespace, stopper: Stopper) -> int:
     if args.code is not None:
         code = args.code
     elif args.file in (None, "-"):
@@ -60,34 +96,66 @@ async def _run(client: GatewayClient, args: argparse.Namespace) -> int:
     else:
         with open(args.file, encoding="utf-8") as source:
             code = source.read()
-    kernel_id = args.kernel or await client.start_kernel()
-    loop = asyncio.get_running_loop()
-    interrupted = False
+    if args.kernel is not None:
+        return await _execute(client, args.kernel, code, args, stopper)
+    kernel_id = await _start_kernel(client, args.keep)
+    try:
+        return await _execute(client, kernel_id, code, args, stopper)
+    finally:
+        if args.keep:
+            _say(f"kgs: kernel {kernel_id} kept")
+        else:
+            await client.shutdown(kernel_id)
 
+
+async def _start_kernel(client: GatewayClient, keep: bool) -> str:
+    """A new kernel's id. A signal that comes while it starts still gets it shut down."""
+    starting = asyncio.ensure_future(client.start_kernel())
+    try:
+        return await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        with contextlib.suppress(ClientError, asyncio.CancelledError):
+            kernel_id = await starting
+            if keep:
+                _say(f"kgs: kernel {kernel_id} kept")
+            else:
+                await client.shutdown(kernel_id)
+        raise
+
+
+async def _execute(
+    client: GatewayClient, kernel_id: str, code: str, args: argparse.Namespace, stopper: Stopper
+) -> int:
+    interrupted = False
     pending: set[asyncio.Future[None]] = set()
 
     def on_sigint() -> None:
         nonlocal interrupted
+        if interrupted:  # a second Ctrl-C: stop waiting
+            stopper.stop(signal.SIGINT)
+            return
         interrupted = True
+        _say("kgs: interrupting the kernel (Ctrl-C again to stop waiting)")
         task = asyncio.ensure_future(client.interrupt(kernel_id))
         pending.add(task)
-        task.add_done_callback(pending.discard)
+        task.add_done_callback(interrupt_done)
 
-    loop.add_signal_handler(signal.SIGINT, on_sigint)
-    try:
-        result = await client.execute(
-            kernel_id,
-            code,
-            on_stdout=lambda text: _write(sys.stdout, text),
-            on_stderr=lambda text: _write(sys.stderr, text),
-            on_output=_print_output,
-            input=_ask if sys.stdin.isatty() else None,
-            timeout=args.timeout,
-        )
-    finally:
-        loop.remove_signal_handler(signal.SIGINT)
-        if args.kernel is None and not args.keep:
-            await client.shutdown(kernel_id)
+    def interrupt_done(task: asyncio.Future[None]) -> None:
+        pending.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and stopper.signal is None:  # not when kgs is stopping anyway
+            _say(f"kgs: could not interrupt the kernel: {error}")
+
+    stopper.on_sigint(on_sigint)
+    result = await client.execute(
+        kernel_id,
+        code,
+        on_stdout=lambda text: _write(sys.stdout, text),
+        on_stderr=lambda text: _write(sys.stderr, text),
+        on_output=_print_output,
+        input=_ask if sys.stdin.isatty() else None,
+        timeout=args.timeout,
+    )
     if result.status == "ok":
         return EXIT_OK
     if result.status == "interrupted" or interrupted:
@@ -100,7 +168,13 @@ def _write(stream: Any, text: str) -> None:
     stream.flush()
 
 
-def _print_output(event: Any) -> None:
+def _say(line: str) -> None:
+    """One line on standard error; nothing if it is gone (a closed terminal)."""
+    with contextlib.suppress(OSError):
+        _write(sys.stderr, line + "\n")
+
+
+def _print_output(event: Event) -> None:
     if event.event == "error":
         _write(sys.stderr, "\n".join(event.data["traceback"]) + "\n")
     else:
@@ -111,17 +185,26 @@ def _ask(prompt: str, password: bool) -> str:
     return getpass.getpass(prompt) if password else input(prompt)
 
 
-async def _follow(client: GatewayClient, args: argparse.Namespace) -> int:
+def _reconnecting(reconnect: Reconnect) -> None:
+    where = "the start" if reconnect.since is None else f"seq {reconnect.since}"
+    when = f"in {reconnect.delay:.1f} s" if reconnect.delay else "now"
+    _say(f"kgs: {reconnect.reason}; reconnecting {when}, resuming after {where}")
+
+
+async def _follow(client: GatewayClient, args: argparse.Namespace, _: Stopper) -> int:
     async for event in client.stream(args.kernel, args.since):
         if event.event == "stream":
             content = event.data["content"]
             _write(sys.stderr if content["name"] == "stderr" else sys.stdout, content["text"])
+        elif event.event == "kernel_shutdown":
+            _say("kgs: the kernel shut down")
     return EXIT_OK
 
 
-async def _export(client: GatewayClient, args: argparse.Namespace) -> int:
+async def _export(client: GatewayClient, args: argparse.Namespace, _: Stopper) -> int:
     if args.format == "text":
-        _write(sys.stdout, await client.transcript_text(args.kernel, parent=args.parent))
+        text = await client.transcript_text(args.kernel, since=args.since, parent=args.parent)
+        _write(sys.stdout, text)
         return EXIT_OK
     since = args.since
     while True:
@@ -133,7 +216,7 @@ async def _export(client: GatewayClient, args: argparse.Namespace) -> int:
         since = page["next_since"]
 
 
-async def _kernels(client: GatewayClient, _: argparse.Namespace) -> int:
+async def _kernels(client: GatewayClient, *_: Any) -> int:
     for kernel in await client.list_kernels():
         print(f"{kernel['id']}  {kernel['name']}  {kernel.get('execution_state', '')}")
     return EXIT_OK
@@ -142,22 +225,29 @@ async def _kernels(client: GatewayClient, _: argparse.Namespace) -> int:
 COMMANDS = {"run": _run, "follow": _follow, "export": _export, "kernels": _kernels}
 
 
+async def _main(args: argparse.Namespace) -> int:
+    task = asyncio.current_task()
+    assert task is not None
+    stopper = Stopper(asyncio.get_running_loop(), task)
+    try:
+        async with GatewayClient(args.url, args.token, on_reconnect=_reconnecting) as client:
+            return await COMMANDS[args.command](client, args, stopper)
+    except asyncio.CancelledError:
+        if stopper.signal is None:
+            raise
+        return 128 + stopper.signal
+    except ClientError as error:  # KernelDied, GatewayUnreachable, an HTTP error
+        _say(f"kgs: {error}")
+        return EXIT_GATEWAY
+    finally:
+        stopper.remove()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-
-    async def go() -> int:
-        async with GatewayClient(args.url, args.token) as client:
-            return await COMMANDS[args.command](client, args)
-
     try:
-        return asyncio.run(go())
-    except KernelDied as error:
-        print(f"kgs: {error}", file=sys.stderr)
-        return EXIT_GATEWAY
-    except ClientError as error:
-        print(f"kgs: {error}", file=sys.stderr)
-        return EXIT_GATEWAY
-    except KeyboardInterrupt:
+        return asyncio.run(_main(args))
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were in place, or after
         return EXIT_INTERRUPTED
 
 

@@ -1,5 +1,5 @@
-"""A Python client for kernel_gateway_stream: async (:class:`GatewayClient`) and sync
-(:class:`SyncGatewayClient`), on the dependencies the gateway already has (tornado).
+"""A Python client for kernel_gateway_stream: async (:class:`GatewayClient`) and blocking
+(:class:`SyncGatewayClient`), on httpx.
 
     async with GatewayClient("http://127.0.0.1:8888", token=TOKEN) as gateway:
         kernel_id = await gateway.start_kernel()
@@ -8,16 +8,23 @@
 
 ``execute`` follows its execution's events and, if the connection drops, resumes from the
 last event it got: every line once, and the final result, whatever the network does.
+
+The modules: :mod:`.sse` parses Server-Sent Events, :mod:`.api` builds the requests and
+reads the answers, :mod:`.resume` decides when and where a stream resumes,
+:mod:`.callbacks` routes an execution's events to the caller; all four are pure.
+:mod:`.aio` and :mod:`.sync` are the two thin clients that do the I/O.
 """
 
 from ..core.errors import (
     AuthenticationError,
     ClientError,
     GatewayHTTPError,
+    GatewayUnreachable,
     KernelDied,
     NotFound,
 )
 from .aio import Event, ExecutionResult, GatewayClient
+from .resume import Reconnect
 from .sync import SyncGatewayClient
 
 __all__ = [
@@ -27,7 +34,9 @@ __all__ = [
     "ExecutionResult",
     "GatewayClient",
     "GatewayHTTPError",
+    "GatewayUnreachable",
     "KernelDied",
     "NotFound",
+    "Reconnect",
     "SyncGatewayClient",
 ]

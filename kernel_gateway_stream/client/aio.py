@@ -1,397 +1,216 @@
-"""The asynchronous client."""
+"""The asynchronous client, on httpx's ``AsyncClient``.
+
+Event streams are pulled from the response as the caller iterates, so a caller that
+stops reading stops the socket: TCP pushes back to the gateway, whose slow-consumer policy
+then drops the stream (and the client resumes it). Nothing is read ahead.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-import json
-import os
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import quote, urlencode
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
+import httpx
 
-from ..core.errors import (
-    AuthenticationError,
-    ClientError,
-    GatewayHTTPError,
-    KernelDied,
-    NotFound,
-)
+from ..core.errors import ClientError
+from . import api
+from .api import Call, Event, ExecutionResult, StreamFilters
+from .base import ClientBase
+from .callbacks import ExecuteOptions, StartOptions, died, plan, result
+from .resume import ResumableStream
 
-__all__ = ["Event", "ExecutionResult", "GatewayClient", "SSEParser"]
+if TYPE_CHECKING:
+    from typing import Unpack
 
-Callback = Callable[..., Any]
+__all__ = ["Event", "ExecutionResult", "GatewayClient"]
+
+T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One Server-Sent Event: its name, its JSON data, and its id (the sequence number)."""
-
-    event: str
-    data: Any
-    id: int | None = None
-
-
-@dataclass
-class ExecutionResult:
-    """How an execution ended and what it produced (the gateway's summary)."""
-
-    msg_id: str
-    kernel_id: str
-    status: str
-    stdout: str = ""
-    stderr: str = ""
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    error: dict[str, Any] | None = None
-    execution_count: int | None = None
-    duration: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @classmethod
-    def from_summary(cls, kernel_id: str, summary: dict[str, Any]) -> ExecutionResult:
-        return cls(
-            msg_id=summary["msg_id"],
-            kernel_id=kernel_id,
-            status=summary["status"],
-            stdout=summary.get("stdout", ""),
-            stderr=summary.get("stderr", ""),
-            outputs=summary.get("outputs", []),
-            error=summary.get("error"),
-            execution_count=summary.get("execution_count"),
-            duration=summary.get("duration"),
-        )
-
-
-class SSEParser:
-    """Incremental Server-Sent Events parser: feed bytes, get the complete events."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    def feed(self, chunk: bytes) -> list[Event]:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        events = []
-        while b"\n\n" in self._buffer:
-            block, self._buffer = self._buffer.split(b"\n\n", 1)
-            name, event_id, data = "message", None, []
-            for line in block.decode("utf-8").split("\n"):
-                if not line or line.startswith(":"):
-                    continue
-                key, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if key == "event":
-                    name = value
-                elif key == "id":
-                    event_id = int(value) if value.isdigit() else None
-                elif key == "data":
-                    data.append(value)
-            if data:
-                events.append(Event(name, json.loads("\n".join(data)), event_id))
-        return events
-
-
-class GatewayClient:
+class GatewayClient(ClientBase):
     """Talks to a kernel_gateway_stream gateway (or the extension in a Jupyter server).
 
-    Args:
-        url: the server's base URL; default ``$KGS_URL`` or ``http://127.0.0.1:8888``.
-        token: the API token; default ``$KGS_TOKEN`` or ``$JUPYTER_TOKEN``.
-        request_timeout: seconds for each plain request.
-        reconnect_attempts: how many times in a row a dropped event stream is resumed
-            before :class:`ClientError` is raised.
-        reconnect_delay: the first pause before resuming; it grows with each attempt.
+    Use it as ``async with GatewayClient(...) as gateway``, or call :meth:`aclose`. Its
+    arguments are :class:`~kernel_gateway_stream.client.base.ClientBase`'s.
     """
 
-    def __init__(
-        self,
-        url: str | None = None,
-        token: str | None = None,
-        *,
-        request_timeout: float = 60.0,
-        reconnect_attempts: int = 30,
-        reconnect_delay: float = 0.1,
-    ) -> None:
-        self.url = (url or os.environ.get("KGS_URL") or "http://127.0.0.1:8888").rstrip("/")
-        self.token = token or os.environ.get("KGS_TOKEN") or os.environ.get("JUPYTER_TOKEN")
-        self.request_timeout = request_timeout
-        self.reconnect_attempts = reconnect_attempts
-        self.reconnect_delay = reconnect_delay
-        self._http: AsyncHTTPClient | None = None
+    _http: httpx.AsyncClient | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _closing: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> GatewayClient:
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        self.close()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client's connections."""
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
 
     def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
-            self._http = None
+        """Close the connections from synchronous code: on the event loop that opened them
+        if it is not running, else as a task of the running one. Prefer :meth:`aclose`."""
+        http, self._http = self._http, None
+        if http is None or self._loop is None or self._loop.is_closed():
+            return
+        if not self._loop.is_running():
+            self._loop.run_until_complete(http.aclose())
+        elif _running_loop() is self._loop:
+            self._closing = self._loop.create_task(http.aclose())
+        else:  # running in another thread
+            asyncio.run_coroutine_threadsafe(http.aclose(), self._loop)
 
     # -- kernels ---------------------------------------------------------------------
 
     async def start_kernel(self, name: str | None = None) -> str:
         """Start a kernel (the server's default kernelspec unless ``name``); its id."""
-        model = await self._json("POST", "/api/kernels", {"name": name} if name else {})
-        kernel_id: str = model["id"]
-        return kernel_id
+        return await self._perform(api.start_kernel(name))
 
     async def list_kernels(self) -> list[dict[str, Any]]:
-        kernels: list[dict[str, Any]] = await self._json("GET", "/api/kernels")
-        return kernels
+        return await self._perform(api.list_kernels())
 
     async def interrupt(self, kernel_id: str) -> None:
-        await self._json("POST", f"/api/kernels/{quote(kernel_id)}/interrupt", {})
+        await self._perform(api.interrupt(kernel_id))
 
     async def restart(self, kernel_id: str) -> None:
-        await self._json("POST", f"/api/kernels/{quote(kernel_id)}/restart", {})
+        await self._perform(api.restart(kernel_id))
 
     async def shutdown(self, kernel_id: str) -> None:
-        await self._json("DELETE", f"/api/kernels/{quote(kernel_id)}")
+        await self._perform(api.shutdown(kernel_id))
 
     # -- transcripts -----------------------------------------------------------------
 
     async def transcript(self, kernel_id: str, **params: Any) -> dict[str, Any]:
         """One page of the transcript (``since``, ``limit``, ``parent``, ``msg_type``)."""
-        page: dict[str, Any] = await self._json(
-            "GET", f"/api/kernels/{quote(kernel_id)}/transcript?{_query(params)}"
-        )
-        return page
+        return await self._perform(api.transcript(kernel_id, params))
 
     async def transcript_text(self, kernel_id: str, **params: Any) -> str:
-        """The stdout/stderr text of the transcript (optionally of one ``parent``)."""
-        params["format"] = "text"
-        response = await self._fetch(
-            "GET", f"/api/kernels/{quote(kernel_id)}/transcript?{_query(params)}"
-        )
-        return response.body.decode("utf-8")
+        """The stdout/stderr text of the transcript (``since``, ``parent``)."""
+        return await self._perform(api.transcript_text(kernel_id, params))
 
     # -- executions ------------------------------------------------------------------
 
     async def execute(
-        self,
-        kernel_id: str,
-        code: str,
-        *,
-        on_stdout: Callback | None = None,
-        on_stderr: Callback | None = None,
-        on_output: Callback | None = None,
-        on_event: Callback | None = None,
-        input: Callback | None = None,
-        timeout: float | None = None,
-        stop_on_error: bool = True,
+        self, kernel_id: str, code: str, **options: Unpack[ExecuteOptions]
     ) -> ExecutionResult:
         """Run ``code`` on the kernel; callbacks get output as it happens.
 
-        ``on_stdout(text)`` / ``on_stderr(text)``: stream text. ``on_output(event)``: each
-        display, result or error. ``on_event(event)``: every event. ``input(prompt,
-        password) -> str``: answers the kernel's ``input()`` (stdin is off without it).
-        Callbacks may be coroutine functions. ``timeout`` interrupts the execution after so
-        many seconds. A dropped connection is resumed from the last event received.
+        Keyword arguments, all optional: ``on_stdout(text)`` / ``on_stderr(text)``: stream
+        text. ``on_output(event)``: each display, result or error. ``on_event(event)``:
+        every event. ``input(prompt, password) -> str``: answers the kernel's ``input()``
+        (stdin is off without it). Callbacks may be coroutine functions. ``timeout``:
+        interrupt the execution after so many seconds. ``stop_on_error`` (default True):
+        the kernel aborts what was queued after an error. A dropped connection is resumed
+        from the last event received.
 
         Raises:
-            KernelDied: the kernel died before the execution finished.
+            KernelDied: the kernel died or shut down before the execution finished.
             NotFound: no such kernel.
             AuthenticationError: the token was refused.
+            GatewayUnreachable: the gateway could not be reached, or not again in time.
         """
-        started = await self._json(
-            "POST",
-            f"/api/kernels/{quote(kernel_id)}/execute",
-            {
-                "code": code,
-                "allow_stdin": input is not None,
-                "stop_on_error": stop_on_error,
-                "timeout": timeout,
-            },
-        )
-        msg_id: str = started["msg_id"]
-        async for event in self.execution_events(kernel_id, msg_id):
-            if on_event is not None:
-                await _call(on_event, event)
-            if event.event == "stdout" and on_stdout is not None:
-                await _call(on_stdout, event.data["text"])
-            elif event.event == "stderr" and on_stderr is not None:
-                await _call(on_stderr, event.data["text"])
-            elif event.event in ("display", "result", "error") and on_output is not None:
-                await _call(on_output, event)
-            elif event.event == "input_request" and input is not None:
-                value = await _call(input, event.data["prompt"], event.data["password"])
-                await self._json(
-                    "POST",
-                    f"/api/kernels/{quote(kernel_id)}/executions/{quote(msg_id)}/input",
-                    {"value": str(value)},
-                )
-            elif event.event == "done":
-                result = ExecutionResult.from_summary(kernel_id, event.data)
-                if result.status == "died":
-                    raise KernelDied(result)
-                return result
-        raise ClientError("the event stream ended before the execution did")
+        callbacks, start = plan(kernel_id, code, options)
+        msg_id = await self._perform(start)
+        stream = self._execution_stream(kernel_id, msg_id, None, answered_before=True)
+        async with contextlib.aclosing(self._follow(stream)) as events:
+            async for event in events:
+                for invocation in callbacks.invocations(event):
+                    answer = invocation.callback(*invocation.args)
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                    if invocation.answers_input:
+                        await self._perform(api.send_input(kernel_id, msg_id, str(answer)))
+                if event.event == "done":
+                    return result(kernel_id, event)
+        summary = None
+        with contextlib.suppress(ClientError):
+            summary = await self.execution(kernel_id, msg_id)
+        raise died(kernel_id, msg_id, summary)
+
+    async def start_execution(
+        self, kernel_id: str, code: str, **options: Unpack[StartOptions]
+    ) -> str:
+        """Send ``code`` to the kernel without following it; the execution's msg_id."""
+        return await self._perform(api.start_execution(kernel_id, code, **options))
+
+    async def execution(self, kernel_id: str, msg_id: str) -> ExecutionResult:
+        """An execution's summary so far (its ``status`` may be ``queued`` or ``running``)."""
+        return await self._perform(api.execution(kernel_id, msg_id))
+
+    async def interrupt_execution(self, kernel_id: str, msg_id: str) -> None:
+        """Interrupt the kernel running this execution.
+
+        Raises:
+            GatewayHTTPError: 409 ``execution_not_running`` (the gateway may say so).
+            NotFound: no such kernel or execution.
+        """
+        await self._perform(api.interrupt_execution(kernel_id, msg_id))
 
     async def execution_events(
         self, kernel_id: str, msg_id: str, since: int | None = None
     ) -> AsyncIterator[Event]:
-        """One execution's events, ``done`` last; resumed from the last id if dropped."""
-        path = f"/api/kernels/{quote(kernel_id)}/executions/{quote(msg_id)}/events"
-        async for event in self._resumable(path, since):
+        """One execution's events, ``done`` last; resumed from the last id if dropped.
+
+        A kernel that shuts down first ends them with ``kernel_shutdown`` instead.
+        """
+        async for event in self._follow(self._execution_stream(kernel_id, msg_id, since)):
             yield event
-            if event.event == "done":
-                return
 
     async def stream(
-        self,
-        kernel_id: str,
-        since: int | None = None,
-        *,
-        parent: str | None = None,
-        msg_types: list[str] | None = None,
+        self, kernel_id: str, since: int | None = None, **filters: Unpack[StreamFilters]
     ) -> AsyncIterator[Event]:
         """A kernel's IOPub messages as events (``/stream``), resumed if dropped; ends with
-        the kernel (``kernel_shutdown``)."""
-        query = _query({"parent": parent, "msg_type": ",".join(msg_types or []) or None})
-        async for event in self._resumable(
-            f"/api/kernels/{quote(kernel_id)}/stream?{query}", since
-        ):
+        the kernel (``kernel_shutdown``, delivered last)."""
+        async for event in self._follow(self._kernel_stream(kernel_id, since, filters)):
             yield event
-            if event.event == "kernel_shutdown":
-                return
-
-    async def _resumable(self, path: str, since: int | None) -> AsyncIterator[Event]:
-        last = since
-        failures = 0
-        while True:
-            try:
-                async for event in self._events(path, last):
-                    failures = 0
-                    if event.event == "slow_consumer":
-                        last = event.data.get("last_seq", last)
-                        break
-                    if event.id is not None:
-                        if last is not None and event.id <= last and event.event != "done":
-                            continue  # already had it
-                        last = event.id
-                    yield event
-            except (GatewayHTTPError, KernelDied):
-                raise
-            except (OSError, HTTPClientError, asyncio.TimeoutError) as error:
-                failures += 1
-                if failures > self.reconnect_attempts:
-                    raise ClientError(f"lost the connection to {self.url}: {error}") from error
-            else:
-                failures += 1
-                if failures > self.reconnect_attempts:
-                    raise ClientError(f"the event stream from {self.url} keeps ending")
-            await asyncio.sleep(self.reconnect_delay * failures)
-
-    async def _events(self, path: str, since: int | None) -> AsyncIterator[Event]:
-        """One connection's events; returns when the server ends the response."""
-        queue: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
-        parser = SSEParser()
-        body = bytearray()
-
-        def on_chunk(chunk: bytes) -> None:
-            body.extend(chunk)
-            for event in parser.feed(chunk):
-                queue.put_nowait(event)
-
-        headers = self._headers()
-        if since is not None:
-            headers["Last-Event-ID"] = str(since)
-        request = HTTPRequest(
-            self.url + path, headers=headers, streaming_callback=on_chunk, request_timeout=0
-        )
-        http = AsyncHTTPClient(force_instance=True)
-        fetch = asyncio.ensure_future(http.fetch(request, raise_error=False))
-        fetch.add_done_callback(lambda done: queue.put_nowait(_outcome(done)))
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, Event):
-                    yield item
-                elif item is None:
-                    return
-                else:
-                    raise item
-        finally:
-            http.close()
-            if not fetch.done():
-                fetch.cancel()
-            elif not fetch.cancelled() and fetch.exception() is None:
-                response = fetch.result()
-                if response.code >= 400 and response.code != 599:
-                    _raise_for(response.code, bytes(body))
 
     # -- plumbing --------------------------------------------------------------------
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"token {self.token}"} if self.token else {}
+    def _client(self) -> httpx.AsyncClient:
+        """The connection pool, made on the running event loop (a pool is bound to one)."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._loop is not loop:
+            self._http = httpx.AsyncClient(**self._http_options())
+            self._loop = loop
+        return self._http
 
-    async def _fetch(self, method: str, path: str, body: Any = None) -> HTTPResponse:
-        if self._http is None:
-            self._http = AsyncHTTPClient(force_instance=True)
-        payload = None if body is None else json.dumps(body)
-        if payload is None and method == "POST":
-            payload = ""
-        request = HTTPRequest(
-            self.url + path,
-            method=method,
-            body=payload,
-            headers=self._headers(),
-            request_timeout=self.request_timeout,
-        )
+    async def _perform(self, call: Call[T]) -> T:
         try:
-            return await self._http.fetch(request)
-        except HTTPClientError as error:
-            if error.code == 599 or error.response is None:
-                raise ClientError(f"could not reach {self.url}: {error}") from error
-            _raise_for(error.code, error.response.body)
-            raise  # unreachable: _raise_for always raises
+            response = await self._client().request(
+                call.method, call.path, params=call.query, content=call.body, headers=call.headers
+            )
+        except httpx.TransportError as error:
+            raise api.transport_error(self.url, error) from error
+        return call.answer(response.status_code, response.content)
 
-    async def _json(self, method: str, path: str, body: Any = None) -> Any:
-        response = await self._fetch(method, path, body)
-        return json.loads(response.body) if response.body else None
+    async def _follow(self, stream: ResumableStream) -> AsyncGenerator[Event, None]:
+        """The stream's events, across as many connections as it takes."""
+        http, timeout = self._client(), self._stream_timeout()
+        while True:
+            with self._connecting(stream) as headers:
+                async with http.stream(
+                    "GET", stream.path, headers=headers, timeout=timeout
+                ) as response:
+                    error_body = await response.aread() if response.is_error else b""
+                    stream.answered(response.status_code, error_body)
+                    async for chunk in response.aiter_bytes():
+                        for event in stream.feed(chunk):
+                            yield event
+                        if stream.connection_over:
+                            break
+            if stream.finished:
+                return
+            await asyncio.sleep(self._reconnecting(stream, asyncio.get_running_loop().time()).delay)
 
 
-def _outcome(done: asyncio.Future[HTTPResponse]) -> BaseException | None:
-    """What the event queue gets when the connection ends: None, or its error."""
-    if done.cancelled():
-        return None
-    error = done.exception()
-    if error is not None:
-        return error
-    response = done.result()
-    if response.code == 599 and response.error is not None:
-        return response.error
-    return None
-
-
-def _raise_for(status: int, body: bytes) -> None:
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        detail = json.loads(body)
-        reason, message = detail.get("reason", ""), detail.get("message", "")
-    except (ValueError, AttributeError):
-        reason, message = "", body.decode("utf-8", "replace")[:200]
-    kind = GatewayHTTPError
-    if status in (401, 403):
-        kind = AuthenticationError
-    elif status == 404:
-        kind = NotFound
-    raise kind(status, reason or "error", message or f"HTTP {status}")
-
-
-def _query(params: dict[str, Any]) -> str:
-    return urlencode({k: v for k, v in params.items() if v is not None})
-
-
-async def _call(callback: Callback, *args: Any) -> Any:
-    result = callback(*args)
-    if inspect.isawaitable(result):
-        return await result
-    return result
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
