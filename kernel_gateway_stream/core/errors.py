@@ -8,14 +8,21 @@ The tree::
     │   │   └── SequenceAhead      ``since`` is past the kernel's head           (400)
     │   ├── UnknownKernel          no running kernel and no transcript           (404)
     │   ├── UnknownExecution       no execution with that msg_id on the kernel   (404)
-    │   └── NoInputPending         input for an execution that is not asking     (409)
+    │   ├── MethodNotAllowed       a method the endpoint does not serve          (405)
+    │   ├── NoInputPending         input for an execution that is not asking     (409)
+    │   ├── ExecutionNotRunning    interrupt of an execution that is not running (409)
+    │   └── PayloadTooLarge        a request body over the configured limit      (413)
     ├── RemoteError                a peer (kernel or client) sent something invalid
     │   ├── MalformedMessage       bytes or JSON that do not form a message
+    │   │   └── InvalidMessage     correctly signed, yet not a message (recorded as a
+    │   │                          placeholder, so it keeps its sequence number)
     │   └── BadSignature           an HMAC that does not match the session key
+    ├── StoreUnavailable           the transcript store cannot be opened or written
     └── ClientError                raised by the Python client (kernel_gateway_stream.client)
         ├── AuthenticationError    the gateway refused the token (401/403)
         ├── NotFound               unknown kernel or execution (404)
         ├── KernelDied             the kernel died or restarted during an execution
+        ├── GatewayUnreachable     no answer from the gateway, or none again in time
         └── GatewayHTTPError       any other error answer: status and reason
 
 Local errors carry ``status`` (an HTTP status hint) and ``reason`` (short,
@@ -30,15 +37,21 @@ __all__ = [
     "BadRequest",
     "BadSignature",
     "ClientError",
+    "ExecutionNotRunning",
     "GatewayHTTPError",
     "GatewayStreamError",
+    "GatewayUnreachable",
+    "InvalidMessage",
     "KernelDied",
     "LocalError",
     "MalformedMessage",
+    "MethodNotAllowed",
     "NoInputPending",
     "NotFound",
+    "PayloadTooLarge",
     "RemoteError",
     "SequenceAhead",
+    "StoreUnavailable",
     "UnknownExecution",
     "UnknownKernel",
 ]
@@ -107,6 +120,33 @@ class NoInputPending(LocalError):
     reason = "no_input_pending"
 
 
+class MethodNotAllowed(LocalError):
+    """The endpoint exists but does not serve this HTTP method."""
+
+    status = 405
+    reason = "method_not_allowed"
+
+
+class ExecutionNotRunning(LocalError):
+    """An interrupt for an execution that is queued or finished: interrupting the kernel
+    now would interrupt another execution."""
+
+    status = 409
+    reason = "execution_not_running"
+
+
+class PayloadTooLarge(LocalError):
+    """A request body larger than the configured limit."""
+
+    status = 413
+    reason = "payload_too_large"
+
+
+class StoreUnavailable(GatewayStreamError):
+    """The transcript store cannot be opened or written (a path that cannot be created,
+    a read-only database, ...); raised at start-up, where it stops the start."""
+
+
 class ClientError(GatewayStreamError):
     """The Python client could not do what it was asked."""
 
@@ -138,12 +178,37 @@ class KernelDied(ClientError):
         self.result = result
 
 
+class GatewayUnreachable(ClientError):
+    """The gateway could not be reached: a first connection failed, or a dropped event
+    stream could not be resumed before the client's give-up deadline."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"cannot reach the gateway at {url}: {detail}")
+        self.url = url
+        self.detail = detail
+
+
 class RemoteError(GatewayStreamError):
     """A peer sent us something that does not follow the protocol."""
 
 
 class MalformedMessage(RemoteError):
     """Bytes or JSON that do not form a Jupyter message (or a WebSocket frame of one)."""
+
+
+class InvalidMessage(MalformedMessage):
+    """A correctly signed kernel message whose parts do not form a message.
+
+    The kernel vouched for it, so it is not dropped: the Tap records a placeholder
+    under its sequence number (DESIGN invariant 1). ``reason`` says what is wrong;
+    ``signature`` and ``parts`` are what arrived.
+    """
+
+    def __init__(self, reason: str, signature: bytes, parts: list[bytes]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.signature = signature
+        self.parts = parts
 
 
 class BadSignature(RemoteError):

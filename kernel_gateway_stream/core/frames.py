@@ -14,11 +14,10 @@ touch, so a merge never crosses another message.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 
 from .executions import normalize
-from .messages import KernelMessage, Record
+from .messages import KernelMessage, Record, dumps_json
 from .wire import Protocol, encode_legacy, encode_sse, encode_v1, metadata_with_seq
 
 __all__ = ["Frame", "SharedMerges", "frames_from_records", "merge_runs"]
@@ -40,7 +39,7 @@ class Frame:
 
     @classmethod
     def from_record(cls, record: Record) -> Frame:
-        return cls("iopub", record.message, record.seq, record.seq)
+        return cls("iopub", record.message, record.first_seq, record.seq)
 
     @classmethod
     def reply(cls, channel: str, message: KernelMessage) -> Frame:
@@ -105,9 +104,7 @@ class Frame:
             metadata = metadata_with_seq(metadata, self.first_seq, self.last_seq)
         content = message.raw_content
         if self.merged_text is not None:
-            content = json.dumps(
-                {"name": message.stream_name, "text": self.merged_text}, ensure_ascii=False
-            ).encode()
+            content = dumps_json({"name": message.stream_name, "text": self.merged_text})
         if protocol is Protocol.V1:
             parts = [message.raw_header, message.raw_parent_header, metadata, content]
             return encode_v1(self.channel, [*parts, *message.buffers]), True
@@ -115,8 +112,7 @@ class Frame:
             event = normalize(message, self.merged_text)
             if event is None:
                 return b"", False
-            data = json.dumps(event[1], ensure_ascii=False).encode()
-            return encode_sse(event[0], self.last_seq, data), False
+            return encode_sse(event[0], self.last_seq, dumps_json(event[1])), False
         if protocol is Protocol.SSE:
             # The legacy JSON of the message is the event's data; buffers are not sent.
             legacy, _ = encode_legacy(self.channel, replace(message, buffers=()), metadata, content)
@@ -156,7 +152,7 @@ def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
                 previous = following.seq
                 end += 1
         if end - start == 1:
-            frames.append(Frame("iopub", message, record.seq, record.seq))
+            frames.append(Frame("iopub", message, record.first_seq, record.seq))
         else:
             text = "".join(r.message.text or "" for r in records[start:end])
             frames.append(Frame("iopub", message, record.seq, records[end - 1].seq, text))

@@ -21,18 +21,29 @@ from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
-from .errors import BadSignature, MalformedMessage
+from .errors import BadSignature, InvalidMessage, MalformedMessage
 
 __all__ = [
     "DELIMITER",
+    "INVALID_MSG_TYPE",
+    "UNSTORED_MSG_TYPE",
     "KernelMessage",
     "Record",
     "Signer",
     "decode_zmq_message",
+    "dumps_json",
+    "invalid_placeholder",
+    "load_json_object",
     "split_identities",
+    "unstored_placeholder",
 ]
 
 DELIMITER = b"<IDS|MSG>"
+
+#: msg_type of the placeholder recorded for a signed message that is not a message.
+INVALID_MSG_TYPE = "kernel_gateway_stream_invalid"
+#: msg_type of the placeholder a store keeps for a record it could not write.
+UNSTORED_MSG_TYPE = "kernel_gateway_stream_unstored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +95,11 @@ class KernelMessage:
 
     def header(self) -> dict[str, Any]:
         """The parsed header (parsed on each call; the hot path never needs it)."""
-        return _load_object(self.raw_header, "header")
+        return load_json_object(self.raw_header, "header")
 
     def content(self) -> dict[str, Any]:
         """The parsed content (parsed on each call)."""
-        return _load_object(self.raw_content, "content")
+        return load_json_object(self.raw_content, "content")
 
     @classmethod
     def synthesize(
@@ -116,29 +127,46 @@ class KernelMessage:
         )
 
     @classmethod
-    def from_parts(cls, parts: list[bytes]) -> KernelMessage:
+    def from_parts(cls, parts: list[bytes], *, repair: bool = False) -> KernelMessage:
         """Build a message from ``[header, parent_header, metadata, content, *buffers]``.
 
+        Every JSON part must be an object as RFC 8259 defines JSON, since parts are pasted
+        into what the gateway writes as they are. With ``repair`` (for what a kernel sent:
+        its output is kept whatever it got wrong), a part holding ``NaN`` or ``Infinity`` is
+        re-encoded with ``null`` in their place, and a ``parent_header`` or ``metadata`` that
+        is not an object at all becomes ``{}``.
+
         Raises:
-            MalformedMessage: fewer than four parts, or a part that is not a JSON
-                object, or a header without ``msg_type`` / ``msg_id``.
+            MalformedMessage: fewer than four parts, a header or content (or, without
+                ``repair``, any part) that is not a JSON object, or a header without
+                string ``msg_type`` and ``msg_id``.
         """
         if len(parts) < 4:
             raise MalformedMessage(f"a message has at least 4 parts, got {len(parts)}")
         raw_header, raw_parent, raw_metadata, raw_content = map(bytes, parts[:4])
-        header = _load_object(raw_header, "header")
+        raw_header, header = _object(raw_header, "header", repair)
         msg_type = header.get("msg_type")
         msg_id = header.get("msg_id")
         if not isinstance(msg_type, str) or not isinstance(msg_id, str):
             raise MalformedMessage("header needs string msg_type and msg_id")
-        parent_msg_id, parent_msg_type = _peek_parent(raw_parent)
+        try:
+            parent_msg_id, parent_msg_type = _peek_parent(raw_parent)
+        except MalformedMessage:
+            if not repair:
+                raise
+            raw_parent = _repaired(raw_parent, "parent_header")
+            parent_msg_id, parent_msg_type = _peek_parent(raw_parent)
         if raw_metadata != b"{}":
-            _load_object(raw_metadata, "metadata")
+            if repair:
+                raw_metadata = _repaired(raw_metadata, "metadata")
+            else:
+                load_json_object(raw_metadata, "metadata")
         stream_name = text = execution_state = None
         peeked = peek_stream(raw_content) if msg_type == "stream" else None
-        # Raw content is pasted into legacy JSON as it is, so it must be a JSON object:
-        # a stream content in the usual layout is checked by peek_stream, any other parsed.
-        content = _load_object(raw_content, "content") if peeked is None else {}
+        # A stream content in the usual layout is checked by peek_stream, any other parsed.
+        content: dict[str, Any] = {}
+        if peeked is None:
+            raw_content, content = _object(raw_content, "content", repair)
         if peeked is not None:
             stream_name, text = peeked
         elif msg_type == "stream":
@@ -168,14 +196,21 @@ class KernelMessage:
 class Record:
     """A kernel message with its place in the kernel's transcript.
 
-    ``seq`` is per kernel, strictly increasing and gap-free (DESIGN invariant 1);
-    ``time`` is when the gateway received it, in seconds since the epoch.
+    ``seq`` is per kernel and strictly increasing (DESIGN invariant 1); ``time`` is when
+    the gateway received it, in seconds since the epoch. A record normally holds one
+    number; a gap record (see :mod:`.marks`) holds the ``span`` numbers up to its ``seq``.
     """
 
     kernel_id: str
     seq: int
     time: float
     message: KernelMessage
+    span: int = 1
+
+    @property
+    def first_seq(self) -> int:
+        """The first sequence number this record stands for (``seq`` but for gaps)."""
+        return self.seq - self.span + 1
 
 
 class Signer:
@@ -227,26 +262,142 @@ def split_identities(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
 def decode_zmq_message(frames: list[bytes], signer: Signer) -> KernelMessage:
     """Decode a multipart ZMQ message from a kernel, verifying its signature.
 
+    What a kernel got wrong inside a correctly signed message is repaired where it can be
+    (see :meth:`KernelMessage.from_parts`).
+
     Raises:
         MalformedMessage: the frames do not form a message.
         BadSignature: the signature does not match.
+        InvalidMessage: correctly signed, but its header or content is not a JSON object
+            (the caller records a placeholder in its place: see :func:`invalid_placeholder`).
     """
     _, rest = split_identities(frames)
     if len(rest) < 5:
         raise MalformedMessage(f"expected a signature and 4 parts, got {len(rest)} frames")
     signer.verify(rest[0], rest[1:5])
-    return KernelMessage.from_parts(rest[1:])
+    try:
+        return KernelMessage.from_parts(rest[1:], repair=True)
+    except MalformedMessage as error:
+        raise InvalidMessage(str(error), rest[0], rest[1:]) from error
 
 
-def _load_object(raw: bytes, what: str) -> dict[str, Any]:
+def unstored_placeholder(message: KernelMessage, reason: str, *, date: str) -> KernelMessage:
+    """What a store keeps in place of a record it cannot write (one larger than the
+    database takes): the same msg_id and slot, and what was lost."""
+    return KernelMessage.synthesize(
+        UNSTORED_MSG_TYPE,
+        {"reason": reason[:200], "msg_type": message.msg_type, "size": message.size},
+        msg_id=message.msg_id,
+        date=date,
+        session="",
+    )
+
+
+def invalid_placeholder(error: InvalidMessage, *, date: str, session: str) -> KernelMessage:
+    """The message recorded in place of a correctly signed one that is not a message.
+
+    It keeps the slot (DESIGN invariant 1: every message received gets a sequence number)
+    and says what was wrong, in ``kernel_gateway_stream_invalid`` ``{"reason", "size"}``.
+    Its msg_id is derived from the original's signature (or content, unsigned), so the
+    same bytes always give the same placeholder.
+    """
+    digest = error.signature.decode("ascii", "replace")[:32]
+    if not digest:
+        hashed = hashlib.sha256()
+        for part in error.parts:
+            hashed.update(part)
+        digest = hashed.hexdigest()[:32]
+    return KernelMessage.synthesize(
+        INVALID_MSG_TYPE,
+        {"reason": error.reason[:200], "size": sum(map(len, error.parts))},
+        msg_id=f"invalid-{digest}",
+        date=date,
+        session=session,
+    )
+
+
+class _NonStandardConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's json accepts them, JSON does not."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonStandardConstant(f"{name} is not JSON")
+
+
+#: json.loads as RFC 8259 has it: no NaN/Infinity (browsers' JSON.parse refuses them).
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+#: The same, reading NaN/Infinity as null: for repairing a part before it is re-encoded.
+_LENIENT_DECODER = json.JSONDecoder(parse_constant=lambda _: None)
+
+
+def load_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    """``raw`` parsed as a strict JSON object (RFC 8259: no NaN or Infinity, valid UTF-8).
+
+    Raises:
+        MalformedMessage: not such an object, nested too deeply to parse, or not UTF-8.
+    """
     try:
         # From str: json.loads would otherwise detect the encoding of every bytes part.
-        value = json.loads(raw.decode())
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        value = _STRICT_DECODER.decode(text)
     except (ValueError, UnicodeDecodeError) as error:
         raise MalformedMessage(f"{what} is not valid JSON") from error
+    except RecursionError as error:
+        raise MalformedMessage(f"{what} is nested too deeply") from error
     if not isinstance(value, dict):
         raise MalformedMessage(f"{what} is not a JSON object")
     return value
+
+
+def dumps_json(value: Any, *, compact: bool = False) -> bytes:
+    """``value`` as UTF-8 JSON that any strict parser takes; ``compact`` without spaces.
+
+    Text is written as it is (non-ASCII characters are not escaped), except that a
+    string holding a lone surrogate (a kernel may send the escape of one, which parses to one)
+    is escaped, since it has no UTF-8 form.
+    """
+    separators = (",", ":") if compact else None
+    try:
+        return json.dumps(
+            value, ensure_ascii=False, allow_nan=False, separators=separators
+        ).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, allow_nan=False, separators=separators).encode()
+
+
+def _object_part(raw: bytes, what: str) -> tuple[bytes, dict[str, Any]]:
+    """``(raw, parsed)`` if ``raw`` is a strict JSON object; else the object re-encoded
+    without NaN or Infinity, if that is all that is wrong with it.
+
+    Raises:
+        MalformedMessage: not a JSON object even then.
+    """
+    try:
+        return raw, load_json_object(raw, what)
+    except MalformedMessage as error:
+        if not isinstance(error.__cause__, _NonStandardConstant):
+            raise
+    try:
+        value = _LENIENT_DECODER.decode(raw.decode())
+    except (ValueError, RecursionError) as error:  # pragma: no cover - parsed above
+        raise MalformedMessage(f"{what} is not valid JSON") from error
+    return dumps_json(value), value
+
+
+def _object(raw: bytes, what: str, repair: bool) -> tuple[bytes, dict[str, Any]]:
+    """``(raw, parsed)`` for a part that must be a JSON object (parsed once); with
+    ``repair``, ``raw`` re-encoded if it held NaN or Infinity."""
+    if repair:
+        return _object_part(raw, what)
+    return raw, load_json_object(raw, what)
+
+
+def _repaired(raw: bytes, what: str) -> bytes:
+    """An optional object part (parent header, metadata), repaired: ``{}`` if hopeless."""
+    try:
+        return _object_part(raw, what)[0]
+    except MalformedMessage:
+        return b"{}"
 
 
 _STREAM_PREFIXES = tuple(
@@ -278,9 +429,9 @@ def _peek_parent(raw_parent: bytes) -> tuple[str | None, str | None]:
 
     Cached: every message an execution causes carries the same parent header bytes, so a
     flood parses it once. (A malformed one raises, and exceptions are not cached.)"""
-    if raw_parent in (b"{}", b""):
+    if raw_parent == b"{}":
         return None, None
-    parent = _load_object(raw_parent, "parent_header")
+    parent = load_json_object(raw_parent, "parent_header")
     msg_id, msg_type = parent.get("msg_id"), parent.get("msg_type")
     return (
         msg_id if isinstance(msg_id, str) else None,

@@ -21,11 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .frames import Frame, SharedMerges, merge_runs
+from .marks import is_mark
 
-__all__ = ["LIFECYCLE_STATES", "Overflow", "SubscriberQueue"]
-
-#: Statuses the gateway records when a kernel restarts or dies on its own.
-LIFECYCLE_STATES = frozenset({"restarting", "dead"})
+__all__ = ["Overflow", "SubscriberQueue"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +116,10 @@ class SubscriberQueue:
     def wants(self, frame: Frame) -> bool:
         """True if ``frame`` passes this subscriber's parent and msg_type filters.
 
-        The kernel's lifecycle (a ``restarting`` or ``dead`` status) passes every filter:
-        a reader of one execution must learn that it will never finish.
+        Marks (lifecycle statuses, gap records: see :mod:`.marks`) pass every filter: a
+        reader of one execution must learn that it will never finish, or misses output.
         """
-        if frame.message.execution_state in LIFECYCLE_STATES:
+        if is_mark(frame.message):
             return True
         if self.parent is not None and frame.message.parent_msg_id != self.parent:
             return False

@@ -19,25 +19,30 @@ from __future__ import annotations
 import enum
 import itertools
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import MalformedMessage
-from .messages import KernelMessage
+from .messages import KernelMessage, Record, dumps_json, load_json_object
 
 __all__ = [
     "CHANNELS",
+    "CLOSE_REASON_MAX",
     "SEQ_METADATA_KEY",
     "IncomingMessage",
     "Protocol",
+    "close_reason",
     "decode_incoming",
     "decode_legacy_binary",
     "decode_v1",
     "encode_legacy",
+    "encode_record_json",
     "encode_sse",
     "encode_v1",
     "metadata_with_seq",
+    "sse_event_name",
 ]
 
 #: ``metadata[SEQ_METADATA_KEY] == {"seq": last, "first_seq": first}`` on every IOPub
@@ -83,6 +88,31 @@ def metadata_with_seq(raw_metadata: bytes, first_seq: int, last_seq: int) -> byt
     if inner == b"{":
         return b"{" + seq + b"}"
     return inner + b"," + seq + b"}"
+
+
+def encode_record_json(record: Record) -> bytes:
+    """One transcript record as JSON (``GET .../transcript``), assembled from the kernel's
+    raw parts (no re-encode: they were checked to be JSON objects when they arrived)."""
+    message = record.message
+    return b"".join(
+        [
+            b'{"seq":%d,"time":%s,"msg_type":' % (record.seq, repr(record.time).encode()),
+            json.dumps(message.msg_type).encode(),
+            b',"msg_id":',
+            json.dumps(message.msg_id).encode(),
+            b',"parent_msg_id":',
+            json.dumps(message.parent_msg_id).encode(),
+            b',"header":',
+            message.raw_header,
+            b',"parent_header":',
+            message.raw_parent_header,
+            b',"metadata":',
+            message.raw_metadata,
+            b',"content":',
+            message.raw_content,
+            b',"buffers":%d}' % len(message.buffers),
+        ]
+    )
 
 
 def encode_v1(channel: str, parts: list[bytes]) -> bytes:
@@ -157,17 +187,66 @@ def encode_legacy(
     return struct.pack("!%dI" % (len(chunks) + 1), len(chunks), *offsets) + b"".join(chunks), True
 
 
+#: Characters a Server-Sent Events ``event:`` field may hold here. A kernel chooses its
+#: msg_types; one with a line break in it would otherwise start new fields (a forged
+#: ``id:``, a forged event) in every reader's stream.
+_SSE_EVENT_SAFE = re.compile(rb"[^A-Za-z0-9_.:\-]")
+#: Longest ``event:`` name written; a kernel's msg_type can be any length.
+SSE_EVENT_MAX = 64
+
+
+def sse_event_name(name: str) -> bytes:
+    """``name`` as an SSE event name: unsafe characters become ``_``, at most
+    :data:`SSE_EVENT_MAX` bytes, never empty."""
+    safe = _SSE_EVENT_SAFE.sub(b"_", name.encode("utf-8", "replace"))[:SSE_EVENT_MAX]
+    return safe or b"_"
+
+
 def encode_sse(event: str, event_id: int | None, data: bytes) -> bytes:
     """One Server-Sent Event (HTML Living Standard, "Server-sent events", 9.2.5).
 
     ``data`` is JSON; line breaks in it can only be whitespace between tokens, so each line
     becomes a ``data:`` field and the reader's rejoining with "\n" gives back equal JSON.
+    ``event`` may come from a kernel: see :func:`sse_event_name`.
     """
     lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-    head = b"event: %s\n" % event.encode()
+    head = b"event: %s\n" % sse_event_name(event)
     if event_id is not None:
         head = b"id: %d\n" % event_id + head
     return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+
+
+#: RFC 6455 section 5.5: a control frame's payload is at most 125 bytes, two of them the
+#: close code; the reason is UTF-8 in the other 123.
+CLOSE_REASON_MAX = 123
+
+
+def close_reason(reason: str, **fields: str | int | None) -> str:
+    """A WebSocket close reason: a JSON object ``{"reason": ..., **fields}`` that fits in
+    :data:`CLOSE_REASON_MAX` bytes of UTF-8 and stays valid JSON.
+
+    Strings are shortened (longest first, a character at a time) until it fits; a close
+    reason that would still not fit keeps only ``reason``.
+    """
+    values: dict[str, str | int | None] = {"reason": reason, **fields}
+    text = _compact(values)
+    while len(text.encode()) > CLOSE_REASON_MAX:
+        longest = max(
+            (key for key, value in values.items() if key != "reason" and isinstance(value, str)),
+            key=lambda key: len(str(values[key])),
+            default=None,
+        )
+        if longest is None or not values[longest]:
+            return _compact({"reason": reason[:100]})
+        value = str(values[longest])
+        excess = len(text.encode()) - CLOSE_REASON_MAX
+        values[longest] = value[: max(0, len(value) - max(1, excess // 6))]
+        text = _compact(values)
+    return text
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def decode_legacy_binary(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
@@ -185,16 +264,20 @@ def decode_legacy_binary(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     if any(b < a for a, b in itertools.pairwise(offsets)) or offsets[0] < 4 * (count + 1):
         raise MalformedMessage("binary frame offsets are out of order")
     chunks = [data[a:b] for a, b in itertools.pairwise(offsets)]
-    message = _json_object(chunks[0], "message")
+    message = load_json_object(chunks[0], "message")
     return message, chunks[1:]
 
 
 def decode_incoming(data: bytes | str, protocol: Protocol) -> IncomingMessage:
     """Parse what a client sent on the channels WebSocket.
 
+    Header, parent header, metadata and content must each be a JSON object (the legacy
+    protocol may leave out the last three); nothing else is forwarded to a kernel.
+
     Raises:
-        MalformedMessage: not a message of ``protocol``, an unknown channel, or a header
-            without ``msg_type``.
+        MalformedMessage: not a message of ``protocol``, an unknown channel, a part that is
+            not a JSON object (or nested too deeply to parse), or a header without
+            ``msg_type``.
     """
     header: Any
     if protocol is Protocol.V1:
@@ -203,40 +286,40 @@ def decode_incoming(data: bytes | str, protocol: Protocol) -> IncomingMessage:
         channel, parts = decode_v1(data)
         if len(parts) < 4:
             raise MalformedMessage(f"a message has at least 4 parts, got {len(parts)}")
-        header = _json_object(parts[0], "header")
+        header = load_json_object(parts[0], "header")
+        for part, what in zip(parts[1:4], _OPTIONAL_PARTS, strict=True):
+            load_json_object(part, what)
     else:
         if isinstance(data, bytes):
             message, buffers = decode_legacy_binary(data)
         else:
-            message, buffers = _json_object(data, "message"), []
+            message, buffers = load_json_object(data, "message"), []
         channel = message.get("channel") or "shell"
         header = message.get("header")
         if not isinstance(header, dict):
             raise MalformedMessage("message has no header object")
-        parts = [
-            _dumps(header),
-            _dumps(message.get("parent_header") or {}),
-            _dumps(message.get("metadata") or {}),
-            _dumps(message.get("content") or {}),
-            *buffers,
-        ]
+        optional = []
+        for what in _OPTIONAL_PARTS:
+            value = message.get(what)
+            if value is None:
+                value = {}
+            elif not isinstance(value, dict):
+                raise MalformedMessage(f"{what} is not a JSON object")
+            optional.append(_dumps(value))
+        parts = [_dumps(header), *optional, *buffers]
     if not isinstance(channel, str) or channel not in CHANNELS - {"iopub"}:
-        raise MalformedMessage(f"clients may not send on channel {channel!r}")
+        raise MalformedMessage(f"clients may not send on channel {channel!r}"[:200])
     msg_type = header.get("msg_type")
     if not isinstance(msg_type, str) or not isinstance(header.get("msg_id"), str):
         raise MalformedMessage("header needs string msg_type and msg_id")
     return IncomingMessage(channel=channel, msg_type=msg_type, parts=parts)
 
 
+_OPTIONAL_PARTS = ("parent_header", "metadata", "content")
+
+
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _json_object(raw: bytes | str, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise MalformedMessage(f"{what} is not valid JSON") from error
-    if not isinstance(value, dict):
-        raise MalformedMessage(f"{what} is not a JSON object")
-    return value
+        return dumps_json(value, compact=True)
+    except RecursionError as error:  # parsed at the edge of the limit, one level deeper now
+        raise MalformedMessage("message is nested too deeply") from error

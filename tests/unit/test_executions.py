@@ -6,8 +6,9 @@ import json
 
 from helpers import make_message, record, status, stream
 
-from kernel_gateway_stream.core.executions import normalize, summarize
+from kernel_gateway_stream.core.executions import SummaryBuilder, normalize, summarize
 from kernel_gateway_stream.core.frames import Frame
+from kernel_gateway_stream.core.marks import gap_record, lifecycle_status
 from kernel_gateway_stream.core.wire import Protocol
 
 RUN = "run-1"
@@ -97,3 +98,107 @@ def test_summary_statuses() -> None:
     assert status_of(*started, stopped, status("idle", RUN)) == "interrupted"
     assert status_of(status("busy", RUN), status("idle", RUN)) == "aborted"
     assert status_of(stream("stdout", "x", "someone-else")) is None
+
+
+def _lifecycle(state: str, reason: str) -> object:
+    return lifecycle_status(state, reason, msg_id=f"{state}-{reason}", date="", session="")
+
+
+def test_a_lifecycle_mark_ends_an_unfinished_execution_with_its_reason() -> None:
+    """An execution the kernel will never finish (a restart, a death, a shutdown while it
+    ran) ends: died with the mark's reason if it had started, aborted if it had not; a mark
+    after its idle changes nothing."""
+    started = (status("busy", RUN), make_message("execute_input", {"execution_count": 1}, RUN))
+    for reason in ("restart_requested", "kernel_died", "shutdown"):
+        records = _run(*started, stream("stdout", "x", RUN), _lifecycle("restarting", reason))
+        summary = summarize(RUN, records)  # type: ignore[arg-type]
+        assert summary is not None
+        assert (summary.status, summary.reason, summary.last_seq) == ("died", reason, 4)
+        assert summary.ended == 4.0
+    not_started = summarize(RUN, _run(status("busy", RUN), _lifecycle("dead", "shutdown")))  # type: ignore[arg-type]
+    assert not_started is not None
+    assert not_started.status == "aborted"
+    finished = summarize(
+        RUN,
+        _run(*started, status("idle", RUN), _lifecycle("dead", "shutdown")),  # type: ignore[arg-type]
+    )
+    assert finished is not None
+    assert (finished.status, finished.reason) == ("ok", None)
+
+
+def test_queued_until_seen_and_aborted_by_a_restart_before_it_ran() -> None:
+    """An execution the gateway sent (at transcript head 5) is queued until its first
+    record; a restart recorded after the send aborts it, one recorded before does not."""
+    before = record(5, _lifecycle("restarting", "restart_requested"))  # type: ignore[arg-type]
+    after = record(9, _lifecycle("restarting", "kernel_died"))  # type: ignore[arg-type]
+    builder = SummaryBuilder(RUN)
+    builder.feed_marks([before])
+    summary = builder.result(sent_after=5)
+    assert summary is not None
+    assert summary.status == "queued"
+    builder = SummaryBuilder(RUN)
+    builder.feed_marks([before, after])
+    summary = builder.result(sent_after=5)
+    assert summary is not None
+    assert (summary.status, summary.reason) == ("aborted", "kernel_died")
+    assert SummaryBuilder(RUN).result() is None
+
+
+def test_gaps_while_it_ran_are_listed() -> None:
+    """A transcript gap inside an execution's range is listed (output may be missing); one
+    before it is not."""
+    builder = SummaryBuilder(RUN)
+    builder.feed(
+        [
+            record(10, status("busy", RUN)),
+            record(11, make_message("execute_input", {"execution_count": 2}, RUN)),
+            record(50, stream("stdout", "after the gap\n", RUN)),
+            record(51, status("idle", RUN)),
+        ]
+    )
+    early = gap_record("k", 1, 4, "gateway_restarted", now=0.0, date="")
+    inside = gap_record("k", 12, 49, "store_backlog_full", now=0.0, date="")
+    builder.feed_marks([early, inside])
+    summary = builder.result()
+    assert summary is not None
+    assert (summary.status, summary.gaps) == ("ok", [(12, 49)])
+    assert json.loads(json.dumps(summary.to_json()))["gaps"] == [[12, 49]]
+
+
+def test_display_updates_replace_the_output_with_their_display_id() -> None:
+    """update_display_data changes the output it names, as a frontend renders it."""
+    shown = make_message(
+        "display_data",
+        {"data": {"text/plain": "0%"}, "metadata": {}, "transient": {"display_id": "bar"}},
+        RUN,
+    )
+    updated = make_message(
+        "update_display_data",
+        {"data": {"text/plain": "100%"}, "metadata": {}, "transient": {"display_id": "bar"}},
+        RUN,
+    )
+    stray = make_message(
+        "update_display_data",
+        {"data": {"text/plain": "?"}, "metadata": {}, "transient": {"display_id": "nope"}},
+        RUN,
+    )
+    summary = summarize(RUN, _run(status("busy", RUN), shown, updated, stray))  # type: ignore[arg-type]
+    assert summary is not None
+    assert [output["data"] for output in summary.outputs] == [{"text/plain": "100%"}]
+
+
+def test_a_large_summary_is_linear_and_keeps_the_tail_of_its_text() -> None:
+    """Item 15d: 100,000 lines summarize in linear time (string appends to an attribute
+    were quadratic: the old code would not finish), and each stream keeps its last
+    max_text characters, counting what it left out."""
+    lines = [f"{i:09d} {'x' * 90}\n" for i in range(100_000)]
+    builder = SummaryBuilder(RUN, max_text=1_000_000)
+    builder.feed(record(i, stream("stdout", line, RUN)) for i, line in enumerate(lines, start=1))
+    summary = builder.result()
+    assert summary is not None
+    whole = "".join(lines)
+    assert summary.stdout == whole[-1_000_000:]
+    assert summary.stdout_omitted == len(whole) - 1_000_000
+    small = summarize(RUN, _run(stream("stdout", "a", RUN), stream("stdout", "b", RUN)))  # type: ignore[arg-type]
+    assert small is not None
+    assert (small.stdout, small.stdout_omitted) == ("ab", 0)

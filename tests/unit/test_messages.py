@@ -18,11 +18,19 @@ from helpers import (
 )
 from jupyter_client.session import Session
 
-from kernel_gateway_stream.core.errors import BadSignature, MalformedMessage, RemoteError
+from kernel_gateway_stream.core.errors import (
+    BadSignature,
+    InvalidMessage,
+    MalformedMessage,
+    RemoteError,
+)
 from kernel_gateway_stream.core.messages import (
+    INVALID_MSG_TYPE,
     KernelMessage,
     Signer,
     decode_zmq_message,
+    dumps_json,
+    invalid_placeholder,
     peek_stream,
     split_identities,
 )
@@ -211,10 +219,64 @@ def test_parent_msg_id_is_peeked() -> None:
     header = header_bytes("status")
     assert make_message("status", {}, parent_msg_id="p-9").parent_msg_id == "p-9"
     assert make_message("status", {}).parent_msg_id is None
-    assert KernelMessage.from_parts([header, b"", b"{}", b"{}"]).parent_msg_id is None
     assert KernelMessage.from_parts([header, b'{"msg_id": 3}', b"{}", b"{}"]).parent_msg_id is None
-    with pytest.raises(MalformedMessage, match="parent_header"):
-        KernelMessage.from_parts([header, b"[]", b"{}", b"{}"])
+    for parent in (b"[]", b"", b"null", b'"x"'):
+        with pytest.raises(MalformedMessage, match="parent_header"):
+            KernelMessage.from_parts([header, parent, b"{}", b"{}"])
+
+
+def test_repair_keeps_a_kernels_output_and_makes_every_part_valid_json() -> None:
+    """Invariant 8: what a kernel sends is repaired, not pasted raw: a parent header or
+    metadata that is not an object becomes {}, NaN/Infinity become null, and the output
+    itself (the stream text) is kept."""
+    header = header_bytes("stream")
+    content = b'{"name": "stdout", "text": "kept\\n"}'
+    for parent in (b"", b"[]", b"null", b"{", b"[" * 5000 + b"]" * 5000):
+        message = KernelMessage.from_parts([header, parent, b"7", content], repair=True)
+        assert (message.raw_parent_header, message.raw_metadata) == (b"{}", b"{}")
+        assert (message.parent_msg_id, message.text) == (None, "kept\n")
+    odd = KernelMessage.from_parts(
+        [header, b'{"msg_id": "p", "x": NaN}', b'{"m": -Infinity}', b'{"v": Infinity}'],
+        repair=True,
+    )
+    for part in odd.parts():
+        json.loads(part, parse_constant=lambda name: pytest.fail(f"{name} written"))
+    assert odd.parent_msg_id == "p"
+    assert odd.content() == {"v": None}
+    assert json.loads(odd.raw_metadata) == {"m": None}
+
+
+def test_header_or_content_that_is_not_an_object_cannot_be_repaired() -> None:
+    """Invariant 8: without a header or a content object there is no message; the error
+    says which part is wrong, even for JSON nested deeper than the parser goes."""
+    header = header_bytes("display_data")
+    for parts, what in (
+        ([b"[]", b"{}", b"{}", b"{}"], "header"),
+        ([header, b"{}", b"{}", b"[1]"], "content"),
+        ([header, b"{}", b"{}", b'{"a":' * 100000 + b"1" + b"}" * 100000], "content"),
+        ([header, b"{}", b"{}", b'{"t": "\xff"}'], "content"),
+    ):
+        with pytest.raises(MalformedMessage, match=what):
+            KernelMessage.from_parts(parts, repair=True)
+
+
+def test_a_signed_message_that_is_not_a_message_becomes_a_placeholder() -> None:
+    """Invariants 1 and 8: a correctly signed message whose content is not an object is
+    not dropped: decoding says so with InvalidMessage, and its placeholder (same bytes,
+    same msg_id) keeps its slot and says what was wrong. A bad signature stays refused."""
+    parts = [header_bytes("stream"), b"{}", b"{}", b"[1, 2]"]
+    frames = signed_frames(parts, KEY)
+    with pytest.raises(InvalidMessage) as raised:
+        decode_zmq_message(frames, Signer(KEY))
+    placeholder = invalid_placeholder(raised.value, date="2026-01-01T00:00:00Z", session="s")
+    assert placeholder.msg_type == INVALID_MSG_TYPE
+    size = sum(map(len, parts))
+    assert placeholder.content() == {"reason": "content is not a JSON object", "size": size}
+    again = invalid_placeholder(raised.value, date="", session="")
+    assert again.msg_id == placeholder.msg_id
+    assert placeholder.msg_id.startswith("invalid-")
+    with pytest.raises(BadSignature):
+        decode_zmq_message(signed_frames(parts, b"another key"), Signer(KEY))
 
 
 def test_stream_without_string_name_and_text_is_not_a_stream() -> None:
@@ -318,3 +380,13 @@ def test_stream_text_read_by_the_scanner_is_the_parsed_text(text: str, ascii_onl
 def test_other_stream_layouts_are_parsed_in_full(content: bytes) -> None:
     """Anything but the usual layout goes to the full parse, which validates it."""
     assert peek_stream(content) is None
+
+
+def test_dumps_json_writes_text_as_is_and_escapes_only_what_utf8_cannot_hold() -> None:
+    """Invariant 8: re-encoded text (a merged stream, a normalized event) is valid UTF-8
+    JSON even when a kernel sent a lone surrogate, which parses to a str UTF-8 refuses."""
+    assert dumps_json({"text": "héllo"}) == '{"text": "héllo"}'.encode()
+    lone = json.loads('"a\\ud800b"')
+    encoded = dumps_json({"text": lone})
+    assert encoded.decode("utf-8") == '{"text": "a\\ud800b"}'
+    assert json.loads(encoded) == {"text": lone}

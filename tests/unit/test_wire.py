@@ -23,15 +23,19 @@ from jupyter_server.services.kernels.connection.base import (
 
 from kernel_gateway_stream.core.errors import MalformedMessage
 from kernel_gateway_stream.core.wire import (
+    CLOSE_REASON_MAX,
     SEQ_METADATA_KEY,
     IncomingMessage,
     Protocol,
+    close_reason,
     decode_incoming,
     decode_legacy_binary,
     decode_v1,
     encode_legacy,
+    encode_sse,
     encode_v1,
     metadata_with_seq,
+    sse_event_name,
 )
 
 PARTS = make_parts(
@@ -315,3 +319,73 @@ def test_decode_incoming_v1_rejects(data: str | bytes, match: str) -> None:
     """Invariant 8: what a v1 client may not send raises MalformedMessage."""
     with pytest.raises(MalformedMessage, match=match):
         decode_incoming(data, Protocol.V1)
+
+
+# --- what clients and kernels may not smuggle through -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("parent_header", []), ("metadata", "m"), ("content", 3), ("content", [1])],
+)
+def test_decode_incoming_legacy_refuses_parts_that_are_not_objects(field: str, value: Any) -> None:
+    """Invariant 8: a parent header, metadata or content that is not an object is refused
+    (1007 at the adapter), never forwarded to the kernel."""
+    request = _request()
+    request[field] = value
+    with pytest.raises(MalformedMessage, match=field):
+        decode_incoming(json.dumps(request), Protocol.LEGACY)
+
+
+@pytest.mark.parametrize("index", [1, 2, 3])
+def test_decode_incoming_v1_refuses_parts_that_are_not_objects(index: int) -> None:
+    """Invariant 8: v1 parts are the kernel's bytes, so each is checked before it goes."""
+    parts = make_parts("execute_request", {"code": ""}, msg_id="x-1")
+    parts[index] = b"[1]"
+    with pytest.raises(MalformedMessage, match="not a JSON object"):
+        decode_incoming(serialize_msg_to_ws_v1(parts, "shell"), Protocol.V1)
+    parts[index] = b'{"v": NaN}'
+    with pytest.raises(MalformedMessage, match="not valid JSON"):
+        decode_incoming(serialize_msg_to_ws_v1(parts, "shell"), Protocol.V1)
+
+
+def test_decode_incoming_refuses_json_nested_too_deeply_with_a_malformed_message() -> None:
+    """Invariant 8: deeply nested JSON is a MalformedMessage (close 1007), not a
+    RecursionError escaping the handler."""
+    deep = '{"header": ' + '{"a": ' * 100000 + "1" + "}" * 100000 + "}"
+    with pytest.raises(MalformedMessage, match="nested too deeply"):
+        decode_incoming(deep, Protocol.LEGACY)
+    header = json.dumps(_request()["header"])
+    deep_content = f'{{"header": {header}, "content": ' + "[" * 100000 + "]" * 100000 + "}"
+    with pytest.raises(MalformedMessage, match="nested too deeply"):
+        decode_incoming(deep_content, Protocol.LEGACY)
+
+
+def test_sse_event_names_from_a_kernel_cannot_start_new_fields() -> None:
+    """Invariant 8 (SSE injection): a msg_type with line breaks cannot forge an id or an
+    event for the readers of /stream; the event stays one event with its own id."""
+    forged = "stream\nid: 999999\nevent: stream\ndata: {}\n\nevent: x\r"
+    payload = encode_sse(forged, 7, b'{"a": 1}')
+    lines = payload.split(b"\n")
+    assert lines[0] == b"id: 7"
+    assert lines[1].startswith(b"event: stream_id:_999999_event:_stream_data:")
+    assert lines[2:] == [b'data: {"a": 1}', b"", b""]
+    assert sse_event_name("") == b"_"
+    assert sse_event_name("é" * 100) == b"_" * 64
+    assert sse_event_name("execute_result") == b"execute_result"
+
+
+@pytest.mark.parametrize(
+    "message", ["x" * 500, "é" * 300, "\\" * 200, '"' * 100, "\U0001f600" * 60]
+)
+def test_close_reasons_fit_the_websocket_limit_and_stay_json(message: str) -> None:
+    """Invariant 8: a close reason cut to RFC 6455's 123 bytes is still a JSON object
+    that keeps its reason and its resume point."""
+    text = close_reason("malformed_message", message=message, last_seq=123456789)
+    assert len(text.encode()) <= CLOSE_REASON_MAX
+    decoded = json.loads(text)
+    assert decoded["reason"] == "malformed_message"
+    assert decoded["last_seq"] == 123456789
+    assert message.startswith(decoded["message"])
+    short = close_reason("slow_consumer", last_seq=5)
+    assert json.loads(short) == {"reason": "slow_consumer", "last_seq": 5}

@@ -1,0 +1,121 @@
+"""Marks: what the gateway itself writes into a kernel's transcript.
+
+A kernel's own messages are most of a transcript; the gateway adds two kinds of its own,
+so that readers learn what no kernel can tell them:
+
+* **Lifecycle statuses**, recorded once a kernel is certainly gone: ``status`` messages
+  with ``execution_state`` ``restarting`` or ``dead`` (as jupyter_server sends its
+  clients) and a ``reason``: ``restart_requested`` (a REST restart has completed),
+  ``kernel_died`` (jupyter_client's restarter brings it back), ``restart_failed`` and
+  ``shutdown``. An execution that has not finished when one is recorded never will: it
+  ends ``died`` (or ``aborted``, if it had not started).
+* **Lifecycle requests** (``kernel_gateway_stream_lifecycle``), recorded when a restart or
+  a shutdown is asked for, before the kernel goes: ``{"event", "reason"}``. The kernel may
+  still report (ipykernel interrupts the running cell when asked to go); an execution that
+  ends then keeps the request's reason beside its own status.
+* **Gap records** (``kernel_gateway_stream_gap``). One record stands for the sequence
+  numbers ``first_seq..last_seq`` that hold nothing: numbers given out, or reserved, that
+  the transcript could not keep (the gateway was killed before they were durable, the
+  store refused writes past its backlog). It is stored at ``last_seq`` and covers the
+  whole range (:attr:`Record.span`), so a reader resuming anywhere inside the range is
+  told, and a frame made of it carries ``first_seq..last_seq`` like a merged frame. DESIGN
+  invariant 1: a number a client may have seen is never reused; what could not be
+  recorded is an explicit gap, never a silent hole.
+
+Both pass every reader's filters (a reader of one execution must learn that it will never
+finish, or that part of it is missing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .messages import KernelMessage, Record
+
+__all__ = [
+    "GAP_MSG_TYPE",
+    "LIFECYCLE_MSG_TYPE",
+    "LIFECYCLE_STATES",
+    "gap_message",
+    "gap_record",
+    "is_mark",
+    "is_terminal",
+    "lifecycle_request",
+    "lifecycle_status",
+    "mark_reason",
+]
+
+#: Statuses the gateway records when a kernel restarts, dies or is shut down.
+LIFECYCLE_STATES = frozenset({"restarting", "dead"})
+
+GAP_MSG_TYPE = "kernel_gateway_stream_gap"
+LIFECYCLE_MSG_TYPE = "kernel_gateway_stream_lifecycle"
+
+
+def lifecycle_status(
+    state: str, reason: str, *, msg_id: str, date: str, session: str
+) -> KernelMessage:
+    """A ``status`` message for a lifecycle change the kernel cannot announce itself."""
+    if state not in LIFECYCLE_STATES:
+        raise ValueError(f"not a lifecycle state: {state!r}")
+    return KernelMessage.synthesize(
+        "status",
+        {"execution_state": state, "reason": reason},
+        msg_id=msg_id,
+        date=date,
+        session=session,
+    )
+
+
+def lifecycle_request(event: str, reason: str, *, msg_id: str, date: str) -> KernelMessage:
+    """A note that a restart or shutdown of the kernel was asked for (``event``)."""
+    return KernelMessage.synthesize(
+        LIFECYCLE_MSG_TYPE,
+        {"event": event, "reason": reason},
+        msg_id=msg_id,
+        date=date,
+        session="",
+    )
+
+
+def gap_message(first_seq: int, last_seq: int, reason: str, *, date: str) -> KernelMessage:
+    """The message of a gap record covering ``first_seq..last_seq`` (inclusive)."""
+    if not 0 < first_seq <= last_seq:
+        raise ValueError(f"bad gap {first_seq}..{last_seq}")
+    return KernelMessage.synthesize(
+        GAP_MSG_TYPE,
+        {"first_seq": first_seq, "last_seq": last_seq, "reason": reason},
+        msg_id=f"gap-{first_seq}-{last_seq}",
+        date=date,
+        session="",
+    )
+
+
+def gap_record(
+    kernel_id: str, first_seq: int, last_seq: int, reason: str, *, now: float, date: str
+) -> Record:
+    """A gap record, stored at ``last_seq`` and spanning the whole range."""
+    message = gap_message(first_seq, last_seq, reason, date=date)
+    return Record(kernel_id, last_seq, now, message, span=last_seq - first_seq + 1)
+
+
+def is_mark(message: KernelMessage) -> bool:
+    """True for a lifecycle status or request, or a gap record: what passes every filter."""
+    return message.execution_state in LIFECYCLE_STATES or message.msg_type in _MARK_TYPES
+
+
+def is_terminal(message: KernelMessage) -> bool:
+    """True for a lifecycle status: the kernel that ran what came before it is gone."""
+    return message.execution_state in LIFECYCLE_STATES
+
+
+_MARK_TYPES = frozenset({GAP_MSG_TYPE, LIFECYCLE_MSG_TYPE})
+
+
+def mark_reason(message: KernelMessage) -> str:
+    """A mark's ``reason`` (``kernel_died`` for a lifecycle status recorded without one)."""
+    content: dict[str, Any] = message.content()
+    reason = content.get("reason")
+    if isinstance(reason, str):
+        return reason
+    return "kernel_died" if message.execution_state is not None else "unknown"
