@@ -4,6 +4,10 @@ A store keeps, per kernel, every :class:`~kernel_gateway_stream.core.messages.Re
 the Tap numbered, and serves ranges of them back by sequence number. The Tap is the
 only writer; handlers and subscriptions read. Implementations: SQLite (the embedded
 default); a Redis Streams store can follow for several nodes.
+
+A store never makes the Tap wait (DESIGN invariant 4), holds a bounded amount of what is
+not yet durable, and never reuses a sequence number after a crash: what it could not keep
+becomes a gap record (:mod:`..core.marks`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 
 from traitlets.config import LoggingConfigurable
 
+from ..core.health import ComponentHealth
 from ..core.messages import Record
 
 __all__ = ["TranscriptInfo", "TranscriptPage", "TranscriptStore"]
@@ -43,6 +48,10 @@ class TranscriptPage:
     #: ``(from_seq, to_seq)``, inclusive, when the reader asked for records that
     #: retention already discarded; None otherwise.
     discarded: tuple[int, int] | None = None
+    #: The highest sequence number the read covered: its last record's, or, when it was
+    #: not cut short by its limits, the end of the range (records the filters skipped
+    #: up to there need not be read again).
+    scanned: int = 0
 
 
 class _StoreMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
@@ -57,19 +66,30 @@ class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):  # type: ignor
     without ``async`` are called on the event loop and must not block it.
     """
 
+    #: ``(kernel_id, first_seq, last_seq)`` of the gap records :meth:`open` wrote for
+    #: numbers given out but not kept when the gateway last stopped.
+    recovered: list[tuple[str, int, int]]
+
     @abstractmethod
     def open(self) -> None:
-        """Prepare storage. Called once by the application at start-up, before any Tap."""
+        """Prepare storage and recover from an unclean stop (see :attr:`recovered`).
+        Called once by the application at start-up, before any Tap.
+
+        Raises:
+            StoreUnavailable: the storage cannot be opened or written; the start stops.
+        """
 
     @abstractmethod
     def close(self) -> None:
-        """Make everything appended durable and release resources. Called once at shutdown."""
+        """Make everything appended durable, within a bounded time, and release resources.
+        Called once at shutdown; never waits forever on a failing disk."""
 
     @abstractmethod
     def append(self, record: Record) -> None:
         """Take one record. Called by the Tap on the event loop for every IOPub message,
         in sequence order; must return at once (write off the loop) and must make the
-        record visible to :meth:`read` immediately, even before it is durable."""
+        record visible to :meth:`read` immediately, even before it is durable. What it
+        cannot hold within its bound becomes a gap record."""
 
     @abstractmethod
     def kernel_started(self, kernel_id: str, now: float) -> None:
@@ -99,14 +119,28 @@ class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):  # type: ignor
         until: int | None = None,
         parent: str | None = None,
         msg_types: Collection[str] | None = None,
+        marks: bool = False,
+        max_bytes: int | None = None,
     ) -> TranscriptPage:
         """Up to ``limit`` records with ``since < seq <= until`` in order, optionally only
-        those whose parent ``msg_id`` is ``parent`` and whose type is in ``msg_types``.
-        Called by handlers (REST reads) and subscriptions (replay)."""
+        those whose parent ``msg_id`` is ``parent`` and whose type is in ``msg_types``
+        (with ``marks``, lifecycle statuses and gap records pass those filters), and
+        stopping once ``max_bytes`` of messages are read. Called by handlers (REST reads)
+        and subscriptions (replay)."""
 
     @abstractmethod
-    async def flush(self) -> None:
-        """Return once every record appended so far is durable. Called at shutdown and by tests."""
+    async def marks(self, kernel_id: str, since: int) -> list[Record]:
+        """The kernel's lifecycle statuses and gap records after ``since``, in order.
+        Called by the execution summaries."""
+
+    @abstractmethod
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Return once every record appended so far is durable (True), or after ``timeout``
+        seconds (False). Called at shutdown and by tests."""
+
+    @abstractmethod
+    def health(self) -> ComponentHealth:
+        """The store's state for ``GET /api/gateway/health``; called on the event loop."""
 
     @abstractmethod
     def save_cursor(self, kernel_id: str, session_id: str, seq: int) -> None:

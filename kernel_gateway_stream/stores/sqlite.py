@@ -1,96 +1,71 @@
 """The embedded default store: SQLite in WAL mode, written by one thread in batches.
 
-Durability: each batch is one transaction; with ``synchronous=NORMAL`` (the default) a
-committed batch survives the gateway being killed, and the loss window on SIGKILL is the
-batch being written (typically a few milliseconds of output). ``synchronous=FULL`` also
-survives power loss, at the cost of an fsync per batch.
+Records are stored in chunks (:mod:`..core.records`), about one byte on disk per byte of
+output. What the store promises (the README's "Guarantees" measures each):
 
-Reads run on a small thread pool with their own connections. A record is readable from
-the moment :meth:`append` returns: until its batch commits it is served from memory.
+* **Readable at once.** A record can be read from the moment :meth:`append` returns; until
+  its batch commits it is served from memory (:class:`.pending.PendingBuffer`).
+* **Durable within a batch.** With ``synchronous=NORMAL`` (the default) a committed batch
+  survives the gateway being killed; a batch commits a few milliseconds after its first
+  record (``batch_linger``) or, under load, as soon as the previous one has. ``FULL``
+  also survives power loss, at the cost of an fsync per batch.
+* **Bounded.** At most ``max_pending_bytes`` wait to be written. Past that (a disk too slow
+  or refusing writes) records are not kept but numbered on; the transcript gets one gap
+  record per dropped range, and the store reports ``failing`` until it keeps up again.
+* **No reused numbers.** A kernel's numbers up to its durable reservation may have been
+  seen; after a crash the store starts above it, with a gap record for what was lost.
+
+Reads run on a small thread pool with their own connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import datetime
+import heapq
 import os
-import queue
 import sqlite3
-import struct
 import threading
 import time
-from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from traitlets import Enum, Float, Int, Unicode, default
 
-from ..core.messages import KernelMessage, Record, peek_stream
+from ..core.errors import MalformedMessage, StoreUnavailable
+from ..core.health import ComponentHealth, State
+from ..core.marks import gap_record, is_mark
+from ..core.messages import Record
+from ..core.records import NO_PARENT, ParentHeader, decode_chunk, encode_record
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
+from .pending import PendingBuffer
+from .sqlite_schema import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    chunk_id,
+    connect,
+    create_private_file,
+    kernel_range,
+    prepare_directory,
+)
+from .sqlite_writer import Control, TranscriptWriter, WriterSettings
 
 __all__ = ["SQLiteTranscriptStore"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS kernels (
-    kernel_id TEXT PRIMARY KEY,
-    head INTEGER NOT NULL DEFAULT 0,
-    first_seq INTEGER NOT NULL DEFAULT 1,
-    bytes INTEGER NOT NULL DEFAULT 0,
-    started REAL,
-    ended REAL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS records (
-    kernel_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    time REAL NOT NULL,
-    msg_type TEXT NOT NULL,
-    msg_id TEXT NOT NULL,
-    parent_msg_id TEXT,
-    stream_name TEXT,
-    header BLOB NOT NULL,
-    parent_header BLOB NOT NULL,
-    metadata BLOB NOT NULL,
-    content BLOB NOT NULL,
-    buffers BLOB,
-    size INTEGER NOT NULL,
-    PRIMARY KEY (kernel_id, seq)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS records_by_parent ON records (kernel_id, parent_msg_id, seq);
-CREATE TABLE IF NOT EXISTS cursors (
-    kernel_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    updated REAL NOT NULL,
-    PRIMARY KEY (kernel_id, session_id)
-) WITHOUT ROWID;
-"""
-
-_COLUMNS = (
-    "kernel_id, seq, time, msg_type, msg_id, parent_msg_id, stream_name,"
-    " header, parent_header, metadata, content, buffers, size"
-)
+_DEFAULT_DIRECTORY = "kernel_gateway_stream"
+_FAR = 1 << 62
 
 
-@dataclass(frozen=True, slots=True)
-class _Control:
-    """A non-record job for the writer thread."""
-
-    sql: str
-    args: tuple[Any, ...]
+def iso_date(seconds: float) -> str:
+    """A header date as kernels write them (ISO 8601, UTC)."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
 
 
-class _Flush:
-    __slots__ = ("event",)
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-
-_STOP = object()
+def _make_gap(kernel_id: str, first: int, last: int, now: float) -> Record:
+    return gap_record(kernel_id, first, last, "store_backlog_full", now=now, date=iso_date(now))
 
 
 class SQLiteTranscriptStore(TranscriptStore):
@@ -99,12 +74,13 @@ class SQLiteTranscriptStore(TranscriptStore):
     path = Unicode(
         config=True,
         help="Path of the SQLite database file. Default: kernel_gateway_stream/transcripts.sqlite3 "
-        "under the Jupyter data directory.",
+        "under the Jupyter data directory. The database and its directory are made private "
+        "(0600 and, when the store creates it or it is the default one, 0700).",
     )
 
     @default("path")
     def _default_path(self) -> str:
-        return os.path.join(jupyter_data_dir(), "kernel_gateway_stream", "transcripts.sqlite3")
+        return os.path.join(jupyter_data_dir(), _DEFAULT_DIRECTORY, "transcripts.sqlite3")
 
     synchronous = Enum(
         ["OFF", "NORMAL", "FULL"],
@@ -114,23 +90,42 @@ class SQLiteTranscriptStore(TranscriptStore):
         "the gateway; FULL also across power loss (one fsync per batch); OFF leaves it to the OS.",
     )
     batch_max_records = Int(
-        5000,
+        20000,
         config=True,
-        help="Most records written in one transaction; the writer takes whatever is queued, "
-        "up to this many, each time it commits.",
+        help="Most records written in one transaction.",
     )
     batch_linger = Float(
-        0.01,
+        0.005,
         config=True,
-        help="Seconds the writer waits after a record arrives so that what follows is "
-        "committed with it. Larger: fewer commits and less CPU; it is also how much recent "
-        "output a killed gateway can lose from the transcript (live clients still get it).",
+        help="Seconds the writer waits after the first record of a quiet spell so that what "
+        "follows is committed with it (under load, batches form by themselves). Part of what "
+        "a killed gateway can lose from the transcript (live clients still get it).",
+    )
+    chunk_max_bytes = Int(
+        64 * 1024,
+        config=True,
+        help="Largest run of records stored in one row (a single larger record is one row).",
+    )
+    max_pending_bytes = Int(
+        64 * 1024 * 1024,
+        config=True,
+        help="Most bytes of records waiting to be written (plus one gap record, a few hundred "
+        "bytes, per kernel). Past it (a disk too slow, or refusing writes) records are "
+        "numbered and sent to live clients but not kept: the transcript gets a gap record for "
+        "them, and the store reports 'failing'.",
+    )
+    reserve_ahead = Int(
+        100000,
+        config=True,
+        help="Sequence numbers reserved durably ahead of those given out. After a crash a "
+        "kernel's numbering continues above its reservation, so no number a client may have "
+        "seen is reused; the skipped range is one gap record.",
     )
     max_bytes_per_kernel = Int(
         256 * 1024 * 1024,
         config=True,
-        help="Retention: once a kernel's transcript holds more than this many bytes, its oldest "
-        "records are discarded (down to 90%% of it). 0 keeps everything.",
+        help="Retention: once a kernel's transcript takes more than this many bytes on disk, its "
+        "oldest records are discarded (down to 90%% of it). 0 keeps everything.",
     )
     max_age = Float(
         7 * 24 * 3600.0,
@@ -143,55 +138,144 @@ class SQLiteTranscriptStore(TranscriptStore):
         help="Seconds a kernel's transcript is kept after the kernel shuts down. 0 keeps it "
         "until retention discards it by size or age.",
     )
+    max_file_bytes = Int(
+        0,
+        config=True,
+        help="A hard cap on the database file, in bytes (0: none). Past it writes are refused "
+        "as on a full disk; retention (max_bytes_per_kernel) should keep it below.",
+    )
     close_timeout = Float(
-        30.0, config=True, help="Seconds shutdown waits for the writer to commit what is queued."
+        10.0,
+        config=True,
+        help="Seconds shutdown waits for the writer to commit what is pending; a store that "
+        "cannot write by then is abandoned (the reservation covers what it held).",
     )
     retention_interval = Float(
         30.0, config=True, help="Seconds between two retention passes of the writer thread."
     )
+    file_check_interval = Float(
+        2.0,
+        config=True,
+        help="Seconds between checks that the database file is still the one being written "
+        "(deleted: restored from the open copy; replaced: reported).",
+    )
+
+    # -- life cycle -------------------------------------------------------------------
 
     def open(self) -> None:
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, exist_ok=True)
-        self._lock = threading.Lock()
-        self._pending: dict[str, deque[Record]] = {}
+        """Create or open the database, recover from an unclean stop, start the writer.
+
+        Raises:
+            StoreUnavailable: the database cannot be created, opened or written.
+        """
+        path = self.path
+        default_directory = os.path.basename(os.path.dirname(os.path.abspath(path)))
+        prepare_directory(path, private=default_directory == _DEFAULT_DIRECTORY)
+        create_private_file(path)
+        self.pending = PendingBuffer(self.max_pending_bytes, _make_gap)
+        self._keys: dict[str, int] = {}
         self._cursors: dict[tuple[str, str], int] = {}
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._generation = 0
         self._local = threading.local()
-        self._readers = ThreadPoolExecutor(2, thread_name_prefix="transcript-read")
-        self._error: BaseException | None = None
-        connection = self._connect()
-        connection.executescript(_SCHEMA)
-        connection.commit()
-        self._writer = threading.Thread(
-            target=self._write_loop, args=(connection,), name="transcript-writer", daemon=True
+        self.writer = TranscriptWriter(
+            WriterSettings(
+                path=path,
+                synchronous=self.synchronous,
+                batch_max_records=self.batch_max_records,
+                batch_linger=self.batch_linger,
+                chunk_max_bytes=self.chunk_max_bytes,
+                reserve_ahead=self.reserve_ahead,
+                max_bytes_per_kernel=self.max_bytes_per_kernel,
+                max_age=self.max_age,
+                keep_after_shutdown=self.keep_after_shutdown,
+                retention_interval=self.retention_interval,
+                file_check_interval=self.file_check_interval,
+                max_file_bytes=self.max_file_bytes,
+            ),
+            self.pending,
+            self._keys,
+            self.log,
+            self._reconnect_readers,
         )
-        self._writer.start()
-        self.log.info("Transcripts in %s", self.path)
+        try:
+            connection = self.writer.open()
+            connection.executescript(SCHEMA)
+            connection.execute(
+                "INSERT OR REPLACE INTO meta (name, value) VALUES ('schema_version', ?), "
+                "('opened', ?)",
+                (SCHEMA_VERSION, time.time()),
+            )
+            self.recovered = self._recover(connection, time.time())
+        except sqlite3.Error as error:
+            raise StoreUnavailable(f"transcript database {path}: {error}") from error
+        self._readers = ThreadPoolExecutor(2, thread_name_prefix="transcript-read")
+        self.writer.start()
+        self.log.info("Transcripts in %s", path)
+
+    def _recover(self, connection: sqlite3.Connection, now: float) -> list[tuple[str, int, int]]:
+        """After an unclean stop: numbers up to a kernel's reservation may have been seen
+        and are not reused. One gap record covers what was given out but not kept (and the
+        rest of the reservation). Returns ``(kernel_id, first, last)`` per gap."""
+        rows = connection.execute(
+            "SELECT key, kernel_id, head, reserved FROM kernels WHERE reserved > head"
+        ).fetchall()
+        gaps = []
+        for key, kernel_id, head, reserved in rows:
+            gap = gap_record(
+                kernel_id, head + 1, reserved, "gateway_stopped", now=now, date=iso_date(now)
+            )
+            data = encode_record(gap, NO_PARENT)
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(
+                "INSERT OR REPLACE INTO chunks (id, last_seq, time, data) VALUES (?, ?, ?, ?)",
+                (chunk_id(key, head + 1), reserved, now, data),
+            )
+            connection.execute(
+                "INSERT OR REPLACE INTO marks (kernel_key, seq, data) VALUES (?, ?, ?)",
+                (key, reserved, data),
+            )
+            connection.execute(
+                "UPDATE kernels SET head = ?, bytes = bytes + ? WHERE key = ?",
+                (reserved, 2 * len(data), key),
+            )
+            connection.execute("COMMIT")
+            gaps.append((kernel_id, head + 1, reserved))
+            self.log.warning(
+                "Transcript of kernel %s: seqs %d-%d were given out but not kept when the "
+                "gateway stopped; recorded as a gap",
+                kernel_id,
+                head + 1,
+                reserved,
+            )
+        return gaps
 
     def close(self) -> None:
-        if not hasattr(self, "_writer"):
+        if not hasattr(self, "writer"):
             return
-        self._queue.put(_STOP)
-        self._writer.join(self.close_timeout)
-        if self._writer.is_alive():
-            self.log.error("Transcript writer still busy after %.0f s; giving up on it",
-                           self.close_timeout)  # fmt: skip
+        self.writer.stop()
+        self.writer.join(self.close_timeout)
+        if self.writer.is_alive():
+            self.log.error(
+                "Transcript writer still busy after %.0f s; giving up on it (%d records not "
+                "written are covered by the reservation)",
+                self.close_timeout,
+                self.pending.stats().records,
+            )
         self._readers.shutdown(wait=False)
+
+    def _reconnect_readers(self) -> None:
+        """The database was reopened (restored): readers reconnect before their next read."""
+        self._generation += 1
 
     # -- writes (event loop) ---------------------------------------------------------
 
     def append(self, record: Record) -> None:
-        with self._lock:
-            pending = self._pending.get(record.kernel_id)
-            if pending is None:
-                pending = self._pending[record.kernel_id] = deque()
-            pending.append(record)
-        self._queue.put(record)
+        self.pending.push(record)
+        self.writer.wake()
 
     def kernel_started(self, kernel_id: str, now: float) -> None:
-        self._queue.put(
-            _Control(
+        self.writer.add_control(
+            Control(
                 "INSERT INTO kernels (kernel_id, started) VALUES (?, ?) "
                 "ON CONFLICT (kernel_id) DO UPDATE SET ended = NULL",
                 (kernel_id, now),
@@ -199,25 +283,48 @@ class SQLiteTranscriptStore(TranscriptStore):
         )
 
     def kernel_ended(self, kernel_id: str, now: float) -> None:
-        self._queue.put(
-            _Control("UPDATE kernels SET ended = ? WHERE kernel_id = ?", (now, kernel_id))
+        self.writer.add_control(
+            Control("UPDATE kernels SET ended = ? WHERE kernel_id = ?", (now, kernel_id))
         )
 
     def save_cursor(self, kernel_id: str, session_id: str, seq: int) -> None:
         self._cursors[(kernel_id, session_id)] = seq
-        self._queue.put(
-            _Control(
+        self.writer.add_control(
+            Control(
                 "INSERT INTO cursors (kernel_id, session_id, seq, updated) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (kernel_id, session_id) DO UPDATE SET seq = excluded.seq, "
                 "updated = excluded.updated",
                 (kernel_id, session_id, seq, time.time()),
             )
         )
+        if len(self._cursors) > 10000:  # a cache of recent ones; the table has them all
+            self._cursors.clear()
 
-    async def flush(self) -> None:
-        marker = _Flush()
-        self._queue.put(marker)
-        await asyncio.get_running_loop().run_in_executor(None, marker.event.wait)
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Wait until what was appended so far is durable; False if not within ``timeout``."""
+        target = self.pending.assigned()
+        writer = self.writer
+
+        def done() -> bool:
+            if not writer.is_alive():
+                return True
+            for kernel_id, head in target.items():
+                records, _ = self.pending.snapshot(kernel_id, 0, head)
+                if records:
+                    return False
+            return not writer.controls
+
+        def wait() -> bool:
+            with writer.committed:
+                writer.wake()
+                return writer.committed.wait_for(done, timeout)
+
+        return await asyncio.get_running_loop().run_in_executor(None, wait)
+
+    async def apply_retention(self) -> None:
+        """Run a retention pass now and wait for it (operators' tools and tests)."""
+        done = self.writer.request_retention()
+        await asyncio.get_running_loop().run_in_executor(None, done.wait, self.close_timeout)
 
     # -- reads ---------------------------------------------------------------------
 
@@ -226,17 +333,15 @@ class SQLiteTranscriptStore(TranscriptStore):
         return info.head if info else 0
 
     async def info(self, kernel_id: str) -> TranscriptInfo | None:
-        with self._lock:
-            pending = self._pending.get(kernel_id)
-            pending_head = pending[-1].seq if pending else 0
-        row = await self._run(
+        assigned = self.pending.assigned_head(kernel_id)
+        rows = await self._run(
             "SELECT head, first_seq, started, ended FROM kernels WHERE kernel_id = ?",
             (kernel_id,),
         )
-        if not row and not pending_head:
+        if not rows and not assigned:
             return None
-        head, first_seq, started, ended = row[0] if row else (0, 1, None, None)
-        return TranscriptInfo(kernel_id, first_seq, max(head, pending_head), started, ended)
+        head, first_seq, started, ended = rows[0] if rows else (0, 1, None, None)
+        return TranscriptInfo(kernel_id, first_seq, max(head, assigned), started, ended)
 
     async def read(
         self,
@@ -247,46 +352,43 @@ class SQLiteTranscriptStore(TranscriptStore):
         until: int | None = None,
         parent: str | None = None,
         msg_types: Collection[str] | None = None,
+        marks: bool = False,
+        max_bytes: int | None = None,
     ) -> TranscriptPage:
-        upper = until if until is not None else 2**62
-        with self._lock:
-            pending = self._pending.get(kernel_id)
-            # Everything below the first pending record is committed.
-            committed = pending[0].seq - 1 if pending else 2**62
-            in_memory = [r for r in pending if since < r.seq <= upper] if pending else []
+        upper = until if until is not None else _FAR
+        pending, committed = self.pending.snapshot(kernel_id, since, upper)
         info = await self.info(kernel_id)
         head = info.head if info else 0
         first_seq = info.first_seq if info else 1
-        where = ["kernel_id = ?", "seq > ?", "seq <= ?"]
-        args: list[Any] = [kernel_id, since, min(upper, committed)]
-        if parent is not None:
-            where.append("parent_msg_id = ?")
-            args.append(parent)
-        if msg_types:
-            where.append("msg_type IN ({})".format(",".join("?" * len(msg_types))))
-            args.extend(msg_types)
-        args.append(limit)
-        # Rows become Records in the reader thread, overlapping the loop's sending.
+        query = _Query(since, min(upper, committed), limit, parent, msg_types, marks, max_bytes)
         loop = asyncio.get_running_loop()
-        records = await loop.run_in_executor(
-            self._readers,
-            self._query_records,
-            f"SELECT {_COLUMNS} FROM records WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
-            tuple(args),
-        )
-        if len(records) < limit:
-            for record in in_memory:
-                if record.seq <= committed:
-                    continue
-                if parent is not None and record.message.parent_msg_id != parent:
-                    continue
-                if msg_types and record.message.msg_type not in msg_types:
+        records = await loop.run_in_executor(self._readers, self._read_durable, kernel_id, query)
+        last = records[-1].seq if records else since
+        taken = sum(record.message.size for record in records)
+        full = query.full(len(records), taken)
+        if not full:
+            for record in pending:  # all above ``committed``, so above what was read
+                if record.seq <= last or not query.wants(record):
                     continue
                 records.append(record)
-                if len(records) >= limit:
+                last = record.seq
+                taken += record.message.size
+                if query.full(len(records), taken):
+                    full = True
                     break
+        scanned = records[-1].seq if full else max(since, min(upper, head))
+
         discarded = (since + 1, first_seq - 1) if since + 1 < first_seq else None
-        return TranscriptPage(records, head, first_seq, discarded)
+        return TranscriptPage(records, head, first_seq, discarded, scanned)
+
+    async def marks(self, kernel_id: str, since: int) -> list[Record]:
+        """The kernel's marks (lifecycle statuses, gap records) after ``since``, in order."""
+        pending, committed = self.pending.snapshot(kernel_id, since, _FAR)
+        loop = asyncio.get_running_loop()
+        stored = await loop.run_in_executor(
+            self._readers, self._read_marks, kernel_id, since, committed
+        )
+        return stored + [record for record in pending if is_mark(record.message)]
 
     async def load_cursor(self, kernel_id: str, session_id: str) -> int | None:
         cached = self._cursors.get((kernel_id, session_id))
@@ -298,264 +400,203 @@ class SQLiteTranscriptStore(TranscriptStore):
         )
         return int(rows[0][0]) if rows else None
 
+    # -- reader threads ----------------------------------------------------------------
+
     async def _run(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, self._query, sql, args)
 
-    def _query_records(self, sql: str, args: tuple[Any, ...]) -> list[Record]:
-        return [_record_from_row(row) for row in self._query(sql, args)]
-
     def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._local.connection = self._connect()
-        return connection.execute(sql, args).fetchall()
+        return self._connection().execute(sql, args).fetchall()
 
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute(f"PRAGMA synchronous={self.synchronous}")
+    def _connection(self) -> sqlite3.Connection:
+        local = self._local
+        connection = getattr(local, "connection", None)
+        if connection is None or local.generation != self._generation:
+            if connection is not None:
+                connection.close()
+            connection = local.connection = connect(self.path, self.synchronous)
+            local.generation = self._generation
+            local.parents = {}
         return connection
 
-    # -- the writer thread ---------------------------------------------------------
+    def _key(self, connection: sqlite3.Connection, kernel_id: str) -> int | None:
+        key = self._keys.get(kernel_id)
+        if key is None:
+            row = connection.execute(
+                "SELECT key FROM kernels WHERE kernel_id = ?", (kernel_id,)
+            ).fetchone()
+            key = None if row is None else int(row[0])
+        return key
 
-    def _write_loop(self, connection: sqlite3.Connection) -> None:
-        next_retention = time.monotonic() + self.retention_interval
-        stopping = False
-        while not stopping:
-            batch = [self._queue.get()]
-            if self.batch_linger > 0 and isinstance(batch[0], Record):
-                # Let a batch gather: one commit per linger instead of one per record
-                # (and one wake-up of this thread, not one per append).
-                time.sleep(self.batch_linger)
-            while len(batch) < self.batch_max_records:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            records = [item for item in batch if isinstance(item, Record)]
-            self._write_until_done(connection, batch, records)
-            self._forget_committed(records)
-            if time.monotonic() >= next_retention:
-                next_retention = time.monotonic() + self.retention_interval
-                try:
-                    self.apply_retention(connection, time.time())
-                except sqlite3.Error as error:
-                    self.log.error("Transcript retention failed: %s", error)
-            for item in batch:
-                if isinstance(item, _Flush):
-                    item.event.set()
-                elif item is _STOP:
-                    stopping = True
-        connection.close()
-
-    def _write_until_done(
-        self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]
-    ) -> None:
-        """Write a batch, retrying while the disk refuses for now (locked, busy, full).
-
-        Nothing is dropped while it retries: the records stay readable from memory, and
-        live fan-out does not wait for this thread (DESIGN invariant 4). An error that
-        retrying cannot cure (a record SQLite will not take) is isolated to its records,
-        written one by one, so one bad record cannot stop the transcript of every kernel.
-        """
-        delay = 0.05
-        while True:
-            try:
-                self._write_batch(connection, batch, records)
-            except sqlite3.OperationalError as error:  # transient: log once, retry
-                if self._error is None:
-                    self.log.error("Transcript write failed, retrying: %s", error)
-                self._error = error
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+    def _read_durable(self, kernel_id: str, query: _Query) -> list[Record]:
+        connection = self._connection()
+        key = self._key(connection, kernel_id)
+        if key is None or query.upper <= query.since:
+            return []
+        source = self._chunk_records(connection, kernel_id, key, query)
+        if query.parent is not None and query.marks:
+            # Marks have no parent, so the parent's chunks do not hold them: merge them in.
+            marks = self._read_marks(kernel_id, query.since, query.upper)
+            source = heapq.merge(source, marks, key=lambda record: record.seq)
+        records: list[Record] = []
+        last = query.since
+        taken = 0
+        for record in source:
+            if record.seq <= last:
+                continue  # before since, or a chunk written twice by a retried batch
+            if record.seq > query.upper:
+                break
+            last = record.seq
+            if not query.wants(record):
                 continue
-            except Exception as error:  # the writer's outermost loop: isolate, go on
-                self.log.error("Transcript batch refused (%s); writing it record by record", error)
-                self._write_one_by_one(connection, batch, records)
-            if self._error is not None:
-                self.log.warning("Transcript writes recovered")
-                self._error = None
-            return
+            records.append(record)
+            taken += record.message.size
+            if query.full(len(records), taken):
+                break
+        return records
 
-    def _write_one_by_one(
-        self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]
-    ) -> None:
-        """Each record alone; one that is refused is stored as a placeholder under its
-        sequence number, so numbering stays gap-free (DESIGN invariant 1)."""
-        for record in records:
-            try:
-                self._write_batch(connection, [], [record])
-            except Exception as error:
-                self.log.error("Transcript record %s/%s refused: %s", record.kernel_id,
-                               record.seq, error)  # fmt: skip
-                placeholder = KernelMessage.synthesize(
-                    "kernel_gateway_stream_unstored",
-                    {
-                        "reason": str(error)[:200],
-                        "msg_type": record.message.msg_type,
-                        "size": record.message.size,
-                    },
-                    msg_id=record.message.msg_id,
-                    date="",
-                    session="",
-                )
-                with contextlib.suppress(Exception):
-                    self._write_batch(connection, [], [replace(record, message=placeholder)])
-        for item in batch:
-            if isinstance(item, _Control):
-                try:
-                    with connection:
-                        connection.execute(item.sql, item.args)
-                except Exception as error:
-                    self.log.error("Transcript bookkeeping refused: %s", error)
-
-    def _write_batch(
-        self, connection: sqlite3.Connection, batch: list[Any], records: list[Record]
-    ) -> None:
-        heads: dict[str, list[Any]] = {}  # kernel_id -> [head, bytes added, first time]
-        for record in records:
-            entry = heads.setdefault(record.kernel_id, [0, 0, record.time])
-            entry[0] = record.seq
-            entry[1] += record.message.size
-        with connection:
-            connection.executemany(
-                f"INSERT OR REPLACE INTO records ({_COLUMNS}) VALUES "
-                "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [_row_from_record(record) for record in records],
+    def _chunk_records(
+        self, connection: sqlite3.Connection, kernel_id: str, key: int, query: _Query
+    ) -> Iterator[Record]:
+        """The records of the chunks that may hold what ``query`` wants, in order."""
+        low, high = kernel_range(key)
+        upper_id = chunk_id(key, min(query.upper, high - low))
+        start = connection.execute(
+            "SELECT id FROM chunks WHERE id BETWEEN ? AND ? ORDER BY id DESC LIMIT 1",
+            (low, chunk_id(key, query.since + 1)),
+        ).fetchone()
+        first_id = start[0] if start else low
+        if query.parent is None:
+            cursor = connection.execute(
+                "SELECT data FROM chunks WHERE id BETWEEN ? AND ? ORDER BY id",
+                (first_id, upper_id),
             )
-            for kernel_id, (head, size, started) in heads.items():
-                connection.execute(
-                    "INSERT INTO kernels (kernel_id, head, bytes, started) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (kernel_id) DO UPDATE SET head = max(head, excluded.head), "
-                    "bytes = bytes + excluded.bytes",
-                    (kernel_id, head, size, started),
+        else:
+            refs = [
+                row[0]
+                for row in connection.execute(
+                    "SELECT ref FROM parents WHERE kernel_key = ? AND msg_id = ?",
+                    (key, query.parent),
                 )
-            for item in batch:
-                if isinstance(item, _Control):
-                    connection.execute(item.sql, item.args)
+            ]
+            if not refs:
+                return
+            cursor = connection.execute(
+                "SELECT data FROM chunks WHERE id IN (SELECT chunk FROM chunk_parents "
+                f"WHERE kernel_key = ? AND ref IN ({','.join('?' * len(refs))}) "
+                "AND chunk BETWEEN ? AND ?) ORDER BY id",
+                (key, *refs, first_id, upper_id),
+            )
+        parents = self._parents_of(connection, key)
+        for (data,) in cursor:
+            try:
+                yield from decode_chunk(data, kernel_id, parents)
+            except MalformedMessage as error:
+                self.log.error("Skipping a damaged chunk of %s: %s", kernel_id, error)
 
-    def _forget_committed(self, records: list[Record]) -> None:
-        if not records:
-            return
-        last: dict[str, int] = {}
-        for record in records:
-            last[record.kernel_id] = record.seq
-        with self._lock:
-            for kernel_id, seq in last.items():
-                pending = self._pending.get(kernel_id)
-                while pending and pending[0].seq <= seq:
-                    pending.popleft()
-                if pending is not None and not pending:
-                    del self._pending[kernel_id]
+    def _parents_of(self, connection: sqlite3.Connection, key: int) -> Any:
+        cache: dict[tuple[int, int], ParentHeader | None] = self._local.parents
+        if len(cache) > 4096:
+            cache.clear()
 
-    def apply_retention(self, connection: sqlite3.Connection, now: float) -> None:
-        """Discard what retention says to discard. Runs on the writer thread (tests may
-        call it with a connection of their own)."""
-        horizon = max(self.max_age, self.keep_after_shutdown)
-        if horizon:
-            with connection:
-                connection.execute("DELETE FROM cursors WHERE updated < ?", (now - horizon,))
-        kernels = connection.execute(
-            "SELECT kernel_id, head, first_seq, bytes, ended FROM kernels"
-        ).fetchall()
-        for kernel_id, head, first_seq, size, ended in kernels:
-            cutoff = first_seq - 1
-            if (
-                ended is not None
-                and self.keep_after_shutdown
-                and now - ended > self.keep_after_shutdown
-            ):
-                cutoff = head
-            if self.max_age:
-                (aged,) = connection.execute(
-                    "SELECT max(seq) FROM records WHERE kernel_id = ? AND time < ?",
-                    (kernel_id, now - self.max_age),
-                ).fetchone()
-                cutoff = max(cutoff, aged or 0)
-            if self.max_bytes_per_kernel and size > self.max_bytes_per_kernel:
-                excess = size - int(self.max_bytes_per_kernel * 0.9)
+        def resolve(ref: int) -> ParentHeader | None:
+            found = cache.get((key, ref), False)
+            if found is False:
                 row = connection.execute(
-                    "SELECT seq FROM (SELECT seq, sum(size) OVER (ORDER BY seq) AS total "
-                    "FROM records WHERE kernel_id = ?) WHERE total >= ? LIMIT 1",
-                    (kernel_id, excess),
+                    "SELECT header, msg_id, msg_type FROM parents WHERE kernel_key = ? AND ref = ?",
+                    (key, ref),
                 ).fetchone()
-                cutoff = max(cutoff, row[0] if row else head)
-            if cutoff < first_seq:
-                continue
-            with connection:
-                connection.execute(
-                    "DELETE FROM records WHERE kernel_id = ? AND seq <= ?", (kernel_id, cutoff)
-                )
-                connection.execute(
-                    "UPDATE kernels SET first_seq = ?, bytes = (SELECT coalesce(sum(size), 0) "
-                    "FROM records WHERE kernel_id = ?) WHERE kernel_id = ?",
-                    (cutoff + 1, kernel_id, kernel_id),
-                )
-            self.log.debug("Retention discarded %s records up to seq %s", kernel_id, cutoff)
+                found = cache[(key, ref)] = None if row is None else ParentHeader(*row)
+            return found  # type: ignore[return-value]
+
+        return resolve
+
+    def _read_marks(self, kernel_id: str, since: int, committed: int) -> list[Record]:
+        connection = self._connection()
+        key = self._key(connection, kernel_id)
+        if key is None:
+            return []
+        rows = connection.execute(
+            "SELECT data FROM marks WHERE kernel_key = ? AND seq > ? AND seq <= ? ORDER BY seq",
+            (key, since, committed),
+        ).fetchall()
+        records = []
+        for (data,) in rows:
+            records.extend(decode_chunk(data, kernel_id, lambda ref: None))
+        return records
+
+    # -- health --------------------------------------------------------------------
+
+    def health(self) -> ComponentHealth:
+        pending = self.pending.stats()
+        state = self.writer.state
+        details = {
+            "path": self.path,
+            "pending_records": pending.records,
+            "pending_bytes": pending.bytes,
+            "max_pending_bytes": pending.max_bytes,
+            "dropped_records": pending.dropped_records,
+            "gap_records": pending.gap_records,
+            "write_batches": state.batches,
+            "write_failures": state.failures,
+            "last_error": state.write_error,
+            "bytes_on_disk": self.bytes_on_disk(),
+        }
+        if not self.writer.is_alive():
+            return ComponentHealth("store", State.FAILING, "writer_stopped", details)
+        if state.file_problem is not None:
+            return ComponentHealth("store", State.FAILING, state.file_problem, details)
+        if pending.dropping:
+            return ComponentHealth("store", State.FAILING, "backlog_full_records_dropped", details)
+        if state.unreserved:
+            return ComponentHealth("store", State.FAILING, "numbering_above_reservation", details)
+        if state.write_error is not None:
+            return ComponentHealth("store", State.DEGRADED, "writes_failing", details)
+        if pending.bytes > pending.max_bytes // 2:
+            return ComponentHealth("store", State.DEGRADED, "backlog_high", details)
+        return ComponentHealth("store", State.OK, None, details)
+
+    def bytes_on_disk(self) -> int:
+        """The database's files, as the file system counts them."""
+        total = 0
+        for name in (self.path, self.path + "-wal", self.path + "-shm"):
+            with contextlib.suppress(OSError):
+                total += os.stat(name).st_size
+        return total
 
 
-def _pack_buffers(buffers: tuple[bytes, ...]) -> bytes | None:
-    if not buffers:
-        return None
-    lengths = struct.pack("<%dI" % (len(buffers) + 1), len(buffers), *(len(b) for b in buffers))
-    return lengths + b"".join(buffers)
+class _Query:
+    """What one read asks for (built on the loop, run on a reader thread)."""
 
+    __slots__ = ("limit", "marks", "max_bytes", "msg_types", "parent", "since", "upper")
 
-def _unpack_buffers(blob: bytes | None) -> tuple[bytes, ...]:
-    if not blob:
-        return ()
-    (count,) = struct.unpack_from("<I", blob, 0)
-    lengths = struct.unpack_from("<%dI" % count, blob, 4)
-    offset = 4 * (count + 1)
-    buffers = []
-    for length in lengths:
-        buffers.append(blob[offset : offset + length])
-        offset += length
-    return tuple(buffers)
+    def __init__(
+        self,
+        since: int,
+        upper: int,
+        limit: int,
+        parent: str | None,
+        msg_types: Collection[str] | None,
+        marks: bool,
+        max_bytes: int | None,
+    ) -> None:
+        self.since = since
+        self.upper = upper
+        self.limit = limit
+        self.parent = parent
+        self.msg_types = frozenset(msg_types) if msg_types else None
+        self.marks = marks
+        self.max_bytes = max_bytes
 
+    def full(self, count: int, taken: int) -> bool:
+        """True once a page of ``count`` records and ``taken`` bytes is as big as asked."""
+        return count >= self.limit or (self.max_bytes is not None and taken >= self.max_bytes)
 
-def _row_from_record(record: Record) -> tuple[Any, ...]:
-    message = record.message
-    return (
-        record.kernel_id,
-        record.seq,
-        record.time,
-        message.msg_type,
-        message.msg_id,
-        message.parent_msg_id,
-        message.stream_name,
-        message.raw_header,
-        message.raw_parent_header,
-        message.raw_metadata,
-        message.raw_content,
-        _pack_buffers(message.buffers),
-        message.size,
-    )
-
-
-def _record_from_row(row: tuple[Any, ...]) -> Record:
-    (kernel_id, seq, at, msg_type, msg_id, parent, stream_name, header, parent_header,
-     metadata, content, buffers, _size) = row  # fmt: skip
-    # The fields KernelMessage peeks at when it is decoded, restored without a full decode.
-    text = execution_state = None
-    # Decoding to str first spares json.loads its per-call encoding detection.
-    if stream_name is not None:
-        peeked = peek_stream(content)
-        text = peeked[1] if peeked is not None else json.loads(content.decode()).get("text")
-    elif msg_type == "status":
-        execution_state = json.loads(content.decode()).get("execution_state")
-    message = KernelMessage(
-        msg_type=msg_type,
-        msg_id=msg_id,
-        parent_msg_id=parent,
-        raw_header=header,
-        raw_parent_header=parent_header,
-        raw_metadata=metadata,
-        raw_content=content,
-        buffers=_unpack_buffers(buffers),
-        stream_name=stream_name,
-        text=text,
-        execution_state=execution_state,
-    )
-    return Record(kernel_id, seq, at, message)
+    def wants(self, record: Record) -> bool:
+        message = record.message
+        if self.marks and is_mark(message):
+            return True
+        if self.parent is not None and message.parent_msg_id != self.parent:
+            return False
+        return self.msg_types is None or message.msg_type in self.msg_types
