@@ -8,8 +8,10 @@ from traitlets import Float, Int
 
 from ..core.coalescer import Coalescer
 from ..core.frames import Frame
+from ..core.health import ComponentHealth, State
 from ..core.messages import Record
-from .base import Broker, Subscriber
+from .base import Broker
+from .subscriber import Subscriber
 
 __all__ = ["MemoryBroker"]
 
@@ -54,6 +56,10 @@ class MemoryBroker(Broker):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._topics: dict[str, _Topic] = {}
+        #: Subscribers that raised during fan-out and were cut off (each is logged).
+        self.isolated = 0
+        self.frames_sent = 0
+        self.records_published = 0
 
     def open_kernel(self, kernel_id: str, head: int) -> None:
         topic = self._topics.get(kernel_id)
@@ -74,6 +80,7 @@ class MemoryBroker(Broker):
     def publish(self, record: Record) -> None:
         topic = self._topics[record.kernel_id]
         topic.head = record.seq
+        self.records_published += 1
         now = asyncio.get_running_loop().time()
         frames = topic.coalescer.feed(record, now)
         if frames:
@@ -97,16 +104,15 @@ class MemoryBroker(Broker):
         if topic is not None:
             topic.subscribers.pop(subscriber, None)
 
-    def close_kernel(self, kernel_id: str) -> list[Subscriber]:
+    def close_kernel(self, kernel_id: str) -> None:
         topic = self._topics.pop(kernel_id, None)
         if topic is None:
-            return []
+            return
         if topic.timer is not None:
             topic.timer.cancel()
         pending = topic.coalescer.flush()
         if pending:
             self._fan_out(topic, pending, asyncio.get_running_loop().time())
-        return list(topic.subscribers)
 
     def subscriber_count(self, kernel_id: str) -> int:
         topic = self._topics.get(kernel_id)
@@ -115,9 +121,38 @@ class MemoryBroker(Broker):
     def _fan_out(self, topic: _Topic, frames: list[Frame], now: float) -> None:
         # A subscriber may close (overflow) while we iterate: iterate over a copy.
         subscribers = list(topic.subscribers)
+        self.frames_sent += len(frames)
         for frame in frames:
             for subscriber in subscribers:
-                subscriber.offer(frame, now)
+                try:
+                    subscriber.offer(frame, now)
+                except Exception:
+                    # One subscriber's failure is its own (as websockets' broadcast()):
+                    # the sequence number is spent, so the others must still get it.
+                    self._isolate(topic, subscriber)
+
+    def _isolate(self, topic: _Topic, subscriber: Subscriber) -> None:
+        self.isolated += 1
+        self.log.exception("A subscriber failed during fan-out; closing it, the others go on")
+        topic.subscribers.pop(subscriber, None)
+        try:
+            subscriber.close()
+        except Exception:  # an adapter's edge: its close failing too is only logged
+            self.log.exception("Closing the failed subscriber failed too")
+
+    def health(self) -> ComponentHealth:
+        return ComponentHealth(
+            "broker",
+            State.OK,
+            None,
+            {
+                "kernels": len(self._topics),
+                "live_subscribers": sum(len(t.subscribers) for t in self._topics.values()),
+                "records_published": self.records_published,
+                "frames_sent": self.frames_sent,
+                "isolated_subscribers": self.isolated,
+            },
+        )
 
     def _arm(self, kernel_id: str, topic: _Topic) -> None:
         deadline = topic.coalescer.next_deadline()

@@ -61,9 +61,10 @@ async def test_frames_are_shared_and_encoded_once() -> None:
 
 async def test_burst_is_merged_and_released_within_one_window() -> None:
     """Invariant 6 on the real clock: a lone message goes at once; a burst behind it goes
-    out as one frame, once the window ends; a status flushes it first."""
-    window = 0.05
-    broker = MemoryBroker(coalesce_window=window)
+    out as one frame, once the window ends; a status flushes it first. (The window and the
+    quiet threshold are scaled: a slow machine must not split the burst.)"""
+    window = seconds(0.2)
+    broker = MemoryBroker(coalesce_window=window, coalesce_quiet=window)
     broker.open_kernel("k", 0)
     subscriber = RecordingSubscriber()
     broker.attach("k", subscriber)  # type: ignore[arg-type]
@@ -96,4 +97,34 @@ async def test_attach_flushes_pending_so_the_handoff_is_exact() -> None:
     assert [(f.first_seq, f.last_seq) for f in early.frames] == [(1, 1), (2, 2)]
     broker.publish(record(3, None))
     assert [(f.first_seq, f.last_seq) for f in late.frames] == [(3, 3)]
-    assert broker.close_kernel("k") == [early, late]
+
+
+class RaisingSubscriber(RecordingSubscriber):
+    """A subscriber whose offer() raises (a bug, a transport failing in an odd way)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def offer(self, frame: Frame, now: float) -> None:
+        raise RuntimeError("this subscriber is broken")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_one_raising_subscriber_does_not_starve_the_others() -> None:
+    """Item 16 (invariant 4: one failing subscriber never affects another): fan-out goes
+    on to every other subscriber, for this frame and every later one; the broken one is
+    closed and detached, as websockets' broadcast() isolates each connection."""
+    broker = MemoryBroker(coalesce_window=0.0)
+    broker.open_kernel("k", 0)
+    before, broken, after = RecordingSubscriber(), RaisingSubscriber(), RecordingSubscriber()
+    for subscriber in (before, broken, after):
+        broker.attach("k", subscriber)  # type: ignore[arg-type]
+    for seq in range(1, 11):
+        broker.publish(record(seq, f"{seq}\n"))
+    for subscriber in (before, after):
+        assert [f.last_seq for f in subscriber.frames] == list(range(1, 11))
+    assert broken.closed
+    assert broker.subscriber_count("k") == 2
