@@ -1,43 +1,48 @@
 """The gateway's own channels to each kernel, for the execute API.
 
-One :class:`KernelExecutor` per kernel holds a shell and a stdin socket with an identity of
-the gateway's, so the kernel's ``input_request`` for an execution sent through the API comes
-back here. Those requests are recorded in the transcript (under the execution's parent) so
-that every reader of the execution sees them, with a sequence number, and can resume.
+One :class:`KernelExecutor` per kernel holds shell, control and stdin sockets with an
+identity of the gateway's (:class:`~.kernel_sockets.KernelChannels`), so the kernel's
+``input_request`` for an execution sent through the API comes back here. Those requests
+are recorded in the transcript (under the execution's parent) so that every reader of
+the execution sees them, with a sequence number, and can resume.
+
+:class:`ExecutionManager` follows every kernel's records (a Tap observer) to know which
+execution each kernel is running, so that a ``timeout`` counts from its execution's own
+start and interrupts only it, and an interrupt names the execution it is for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import OrderedDict
 from typing import Any
 
-import zmq
 from jupyter_client.session import Session
-from traitlets import Float
+from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 
-from .core.errors import RemoteError, UnknownKernel
-from .core.executions import INPUT_REQUEST, ExecutionSummary, summarize
-from .core.messages import KernelMessage, split_identities
-from .core.subscription import LIFECYCLE_STATES
+from .core.errors import ExecutionNotRunning, RemoteError, UnknownExecution, UnknownKernel
+from .core.executions import INPUT_REQUEST, UNFINISHED, ExecutionSummary, SummaryBuilder
+from .core.marks import LIFECYCLE_STATES
+from .core.messages import KernelMessage, Record, split_identities
+from .kernel_sockets import KernelChannels, KernelSockets
 from .stores.base import TranscriptStore
-from .tap import KernelTap, TapManager, connect_dealer
+from .tap import KernelTap, TapManager
 
 __all__ = ["UNFINISHED", "ExecutionManager", "KernelExecutor"]
 
-#: Seconds an execution stays known after its execute_reply, for its IOPub to be recorded.
-REPLY_GRACE = 10.0
-
-#: Summary statuses of an execution that has not ended.
-UNFINISHED = frozenset({"queued", "running"})
+#: Records per page when a summary is rebuilt from the transcript.
+SUMMARY_PAGE = 10000
+#: Executions sent through the API but not seen in the transcript yet, remembered.
+MAX_SENT = 10000
 
 
 class KernelExecutor:
     """Sends execute requests and input replies to one kernel on the gateway's behalf."""
 
-    def __init__(self, kernel_id: str, tap: KernelTap, manager: ExecutionManager) -> None:
-        self.kernel_id = kernel_id
+    def __init__(self, tap: KernelTap, manager: ExecutionManager) -> None:
+        self.kernel_id = tap.kernel_id
         self.tap = tap
         self.manager = manager
         kernel = tap.kernel_manager
@@ -47,36 +52,21 @@ class KernelExecutor:
             username="kernel_gateway_stream",
         )
         identity = f"kernel_gateway_stream-{uuid.uuid4().hex}".encode()
-        info = kernel.get_connection_info()
-        context = manager.taps.context
-        self.shell, shell_monitor = connect_dealer(context, info, "shell", identity)
-        self.stdin, stdin_monitor = connect_dealer(context, info, "stdin", identity)
-        self._monitors: list[zmq.Socket[bytes]] | None = [shell_monitor, stdin_monitor]
-        self.shell.on_recv(self._on_shell)
-        self.stdin.on_recv(self._on_stdin)
-        #: Executions sent through this executor that have not ended yet, by msg_id.
-        self.running: set[str] = set()
+        self.channels: KernelChannels = manager.sockets.channels(
+            kernel.get_connection_info(),
+            identity,
+            self._on_reply,
+            handshake_timeout=manager.connect_timeout,
+        )
         #: The input_request header waiting for an answer, by execution msg_id.
         self.waiting_input: dict[str, dict[str, Any]] = {}
 
-    async def _handshaken(self, timeout: float) -> None:
-        """Wait until the kernel knows both our identities: its stdin ROUTER silently drops
-        an input_request for an identity whose connection is still being set up."""
-        if self._monitors is None:
-            return
-        deadline = asyncio.get_running_loop().time() + timeout
-        for monitor in self._monitors:
-            while not monitor.poll(0) and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.005)
-        for stream, monitor in zip((self.shell, self.stdin), self._monitors, strict=True):
-            stream.socket.disable_monitor()
-            monitor.close(linger=0)
-        self._monitors = None
-
     async def execute(self, code: str, *, allow_stdin: bool, stop_on_error: bool) -> str:
-        """Send an execute_request once the Tap sees IOPub; returns its msg_id."""
+        """Send an execute_request once the Tap sees IOPub and the kernel knows our stdin
+        identity (every concurrent first request waits on the same future); returns its
+        msg_id."""
         await self.tap.ready
-        await self._handshaken(self.manager.connect_timeout)
+        await asyncio.shield(self.channels.ready)
         content = {
             "code": code,
             "silent": False,
@@ -87,75 +77,84 @@ class KernelExecutor:
         }
         message = self.session.msg("execute_request", content=content)
         msg_id: str = message["header"]["msg_id"]
-        self.running.add(msg_id)
-        self.session.send(self.shell.socket, message)
+        self.manager.sent(self.kernel_id, msg_id, self.tap.head)
+        self.session.send(self.channels.streams["shell"].socket, message)
         return msg_id
 
     def answer(self, msg_id: str, value: str) -> bool:
         """Answer the pending input_request of execution ``msg_id``; False if none waits."""
         header = self.waiting_input.pop(msg_id, None)
-        if header is None:
+        stdin = self.channels.streams.get("stdin")
+        if header is None or stdin is None:
             return False
         self.session.send(
-            self.stdin.socket, "input_reply", content={"value": value}, parent={"header": header}
+            stdin.socket, "input_reply", content={"value": value}, parent={"header": header}
         )
         return True
 
-    def _on_shell(self, frames: list[bytes]) -> None:
+    def _on_reply(self, channel: str, frames: list[Any]) -> None:
         message = self._decode(frames)
-        if message is not None and message.msg_type == "execute_reply":
-            msg_id = message.parent_msg_id or ""
-            self.waiting_input.pop(msg_id, None)
-            # The reply comes on shell, the output on IOPub: two sockets, read in no
-            # particular order. Until the Tap has recorded the execution's IOPub messages
-            # its summary still needs ``running`` to say "queued" rather than "unknown".
-            asyncio.get_running_loop().call_later(REPLY_GRACE, self.running.discard, msg_id)
-
-    def _on_stdin(self, frames: list[bytes]) -> None:
-        message = self._decode(frames)
-        if message is None or message.msg_type != INPUT_REQUEST or not message.parent_msg_id:
+        if message is None:
             return
-        self.waiting_input[message.parent_msg_id] = message.header()
-        self.tap.record_message(message)
+        if channel == "shell" and message.msg_type == "execute_reply":
+            self.waiting_input.pop(message.parent_msg_id or "", None)
+        elif channel == "stdin" and message.msg_type == INPUT_REQUEST and message.parent_msg_id:
+            self.waiting_input[message.parent_msg_id] = message.header()
+            self.tap.record_message(message)
 
     def _decode(self, frames: list[Any]) -> KernelMessage | None:
         try:
             _, rest = split_identities([bytes(frame) for frame in frames])
+            if len(rest) < 5:
+                raise RemoteError("reply too short")
             self.tap.signer.verify(rest[0], rest[1:5])
-            return KernelMessage.from_parts(rest[1:])
-        except (RemoteError, IndexError) as error:
+            return KernelMessage.from_parts(rest[1:], repair=True)
+        except RemoteError as error:
             self.manager.log.warning("Dropped an invalid reply from %s: %s", self.kernel_id, error)
             return None
 
     def close(self) -> None:
-        for monitor in self._monitors or ():
-            monitor.close(linger=0)
-        self._monitors = None
-        for stream in (self.shell, self.stdin):
-            if not stream.closed():
-                stream.close(linger=0)
+        self.channels.close()
 
 
 class ExecutionManager(LoggingConfigurable):
-    """One :class:`KernelExecutor` per kernel that the execute API is used on."""
+    """One :class:`KernelExecutor` per kernel the execute API is used on, and what each
+    kernel is running."""
 
     connect_timeout = Float(
         10.0,
         config=True,
-        help="Seconds the execute API waits for its shell and stdin sockets to a kernel to "
-        "be connected before it sends the first request anyway.",
+        help="Seconds the execute API waits for the kernel to know its stdin socket before "
+        "it sends the first request anyway.",
+    )
+    summary_max_text = Int(
+        8 * 1024 * 1024,
+        config=True,
+        help="Characters of stdout and of stderr an execution's summary keeps (its last "
+        "ones; the summary says how many it left out). The whole text is in the transcript.",
     )
 
-    def __init__(self, taps: TapManager, store: TranscriptStore, **kwargs: Any) -> None:
+    def __init__(
+        self, taps: TapManager, store: TranscriptStore, sockets: KernelSockets, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.taps = taps
         self.store = store
+        self.sockets = sockets
         self.executors: dict[str, KernelExecutor] = {}
+        #: msg_id -> (kernel_id, transcript head when sent): queued until first seen.
+        self._sent: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        #: msg_id -> seconds, for executions whose timeout starts when they start.
+        self._timeouts: dict[str, float] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        #: kernel_id -> the msg_id of the execute_request the kernel is running.
+        self._running: dict[str, str] = {}
         taps.on_close(self._kernel_closed)
+        taps.observers.append(self._observe)
 
     async def executor(self, kernel_id: str) -> KernelExecutor:
-        """The kernel's executor, created on first use.
+        """The kernel's executor, created on first use (once, however many requests ask at
+        the same time).
 
         Raises:
             UnknownKernel: no such running kernel.
@@ -163,7 +162,9 @@ class ExecutionManager(LoggingConfigurable):
         executor = self.executors.get(kernel_id)
         if executor is None:
             tap = await self.taps.ensure(kernel_id)
-            executor = self.executors.setdefault(kernel_id, KernelExecutor(kernel_id, tap, self))
+            executor = self.executors.get(kernel_id)  # made by a request that also waited
+            if executor is None:
+                executor = self.executors[kernel_id] = KernelExecutor(tap, self)
         return executor
 
     async def execute(
@@ -178,56 +179,126 @@ class ExecutionManager(LoggingConfigurable):
         executor = await self.executor(kernel_id)
         msg_id = await executor.execute(code, allow_stdin=allow_stdin, stop_on_error=stop_on_error)
         if timeout is not None:
-            loop = asyncio.get_running_loop()
-            self._timers[msg_id] = loop.call_later(timeout, self._on_timeout, kernel_id, msg_id)
+            self._timeouts[msg_id] = timeout
+            if self._running.get(kernel_id) == msg_id:  # it started already
+                self._start_timer(kernel_id, msg_id)
         return msg_id
 
+    def sent(self, kernel_id: str, msg_id: str, head: int) -> None:
+        """An execution was sent when the transcript's head was ``head``."""
+        self._sent[msg_id] = (kernel_id, head)
+        if len(self._sent) > MAX_SENT:
+            self._sent.popitem(last=False)
+
+    def answer(self, kernel_id: str, msg_id: str, value: str) -> bool:
+        executor = self.executors.get(kernel_id)
+        return executor is not None and executor.answer(msg_id, value)
+
     async def summary(self, kernel_id: str, msg_id: str) -> ExecutionSummary | None:
-        """The execution's summary, rebuilt from the transcript (all of its pages)."""
-        records = []
+        """The execution's summary, rebuilt from the transcript page by page (in linear
+        time, each page off the event loop); None if nothing is known of it."""
+        builder = SummaryBuilder(msg_id, max_text=self.summary_max_text)
+        # Before reading: a quick execution can finish while the read awaits, and then it
+        # is no longer "sent but not seen" (its records may have missed this read).
+        sent = self._sent.get(msg_id)
+        loop = asyncio.get_running_loop()
         cursor = 0
         while True:
-            page = await self.store.read(kernel_id, cursor, 10000, parent=msg_id)
-            records.extend(page.records)
-            if len(page.records) < 10000:
+            page = await self.store.read(kernel_id, cursor, SUMMARY_PAGE, parent=msg_id)
+            await loop.run_in_executor(None, builder.feed, page.records)
+            if len(page.records) < SUMMARY_PAGE:
                 break
             cursor = page.records[-1].seq
-        summary = summarize(msg_id, records)
-        if summary is not None and summary.status == "running":
-            # Died? A restarting/dead status after the execution's last record says so.
-            later = await self.store.read(kernel_id, summary.last_seq, 1000, msg_types=("status",))
-            if any(r.message.execution_state in LIFECYCLE_STATES for r in later.records):
-                summary.status = "died"
-        executor = self.executors.get(kernel_id)
-        if summary is None and executor is not None and msg_id in executor.running:
-            summary = ExecutionSummary(msg_id, status="queued")
+        sent_after = sent[1] if sent is not None and sent[0] == kernel_id else None
+        start = builder.first_seq if builder.first_seq is not None else sent_after
+        if start is not None:
+            builder.feed_marks(await self.store.marks(kernel_id, start))
+        summary = builder.result(sent_after=sent_after)
         if summary is not None and summary.status not in UNFINISHED:
-            self._cancel_timer(msg_id)
+            self._cancel_timer(msg_id)  # (still "sent": an aborted one has no records)
         return summary
 
-    async def interrupt(self, kernel_id: str) -> None:
-        """Interrupt the kernel (SIGINT for ipykernel) and return at once."""
+    async def interrupt(self, kernel_id: str, msg_id: str) -> None:
+        """Interrupt the kernel if it is running execution ``msg_id`` (SIGINT for
+        ipykernel), and return at once.
+
+        Raises:
+            UnknownKernel: no such running kernel.
+            UnknownExecution: nothing is known of ``msg_id`` on it.
+            ExecutionNotRunning: it is queued or finished: interrupting the kernel now
+                would interrupt another execution.
+        """
         if kernel_id not in self.taps.kernel_manager:
             raise UnknownKernel(kernel_id)
+        summary = await self.summary(kernel_id, msg_id)
+        if summary is None:
+            raise UnknownExecution(msg_id)
+        running = self._running.get(kernel_id)
+        if summary.status != "running" or (running is not None and running != msg_id):
+            raise ExecutionNotRunning(f"execution {msg_id!r} is {summary.status}, not running")
         await self.taps.kernel_manager.interrupt_kernel(kernel_id)
+
+    # -- following the records --------------------------------------------------------
+
+    def _observe(self, record: Record) -> None:
+        """Tap observer: which execution each kernel runs, when it starts and ends."""
+        message = record.message
+        if message.msg_type != "status":
+            return
+        kernel_id = record.kernel_id
+        state = message.execution_state
+        if state in LIFECYCLE_STATES:
+            self._running.pop(kernel_id, None)
+            executor = self.executors.pop(kernel_id, None)
+            if executor is not None:
+                executor.close()  # its sockets were on the kernel that went
+            for msg_id, (kernel, _) in list(self._sent.items()):
+                if kernel == kernel_id:
+                    self._cancel_timer(msg_id)
+            return
+        parent = message.parent_msg_id
+        if parent is None or message.parent_msg_type != "execute_request":
+            return
+        if state == "busy":
+            self._running[kernel_id] = parent
+            if parent in self._timeouts:
+                self._start_timer(kernel_id, parent)
+        elif state == "idle":
+            if self._running.get(kernel_id) == parent:
+                del self._running[kernel_id]
+            self._forget(parent)
+
+    def _start_timer(self, kernel_id: str, msg_id: str) -> None:
+        seconds = self._timeouts.pop(msg_id, None)
+        if seconds is None or msg_id in self._timers:
+            return
+        loop = asyncio.get_running_loop()
+        self._timers[msg_id] = loop.call_later(seconds, self._on_timeout, kernel_id, msg_id)
 
     def _on_timeout(self, kernel_id: str, msg_id: str) -> None:
         self._timers.pop(msg_id, None)
-        task = asyncio.ensure_future(self._interrupt_if_running(kernel_id, msg_id))
-        task.add_done_callback(lambda done: done.exception())
+        if self._running.get(kernel_id) != msg_id:
+            return
+        self.log.info("Execution %s hit its timeout; interrupting kernel %s", msg_id, kernel_id)
+        task = asyncio.ensure_future(self.taps.kernel_manager.interrupt_kernel(kernel_id))
+        task.add_done_callback(self._interrupted)
 
-    async def _interrupt_if_running(self, kernel_id: str, msg_id: str) -> None:
-        summary = await self.summary(kernel_id, msg_id)
-        if summary is None or summary.status in UNFINISHED:
-            self.log.info("Execution %s hit its timeout; interrupting %s", msg_id, kernel_id)
-            await self.interrupt(kernel_id)
+    def _interrupted(self, task: asyncio.Future[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("Interrupting on a timeout failed: %s", task.exception())
 
     def _cancel_timer(self, msg_id: str) -> None:
+        self._timeouts.pop(msg_id, None)
         timer = self._timers.pop(msg_id, None)
         if timer is not None:
             timer.cancel()
 
-    def _kernel_closed(self, kernel_id: str, _: list[Any]) -> None:
+    def _forget(self, msg_id: str) -> None:
+        self._cancel_timer(msg_id)
+        self._sent.pop(msg_id, None)
+
+    def _kernel_closed(self, kernel_id: str, head: int) -> None:
+        self._running.pop(kernel_id, None)
         executor = self.executors.pop(kernel_id, None)
         if executor is not None:
             executor.close()

@@ -1,13 +1,45 @@
-"""The per-kernel manager the gateway uses for local kernels."""
+"""The kernel managers the gateway uses for local kernels.
+
+* :class:`StreamKernelManager`, per kernel: starts ipykernel with lossless IOPub, without
+  the gateway's secrets in its environment, and says when a restart is asked for.
+* :class:`StreamMappingKernelManager`, for all of them: shutdowns that wait out a restart.
+
+Why the second one. jupyter_client's ``KernelManager`` marks a start, restart or shutdown in
+progress by replacing its ``ready`` future with a pending one (``in_pending_state``), and
+its ``MultiKernelManager._async_shutdown_kernel`` then reads ``km.ready.exception()``
+without checking that the future is done. A DELETE that lands while a kernel restarts
+therefore raises ``InvalidStateError`` (HTTP 500), and the restart carries on and leaves a
+fresh kernel process running. The restart is either jupyter_client's restarter, which
+restarts a kernel that died at its next poll (every ``KernelRestarter.time_to_dead``), or a
+``POST /api/kernels/{id}/restart``. Nothing stops a restart requested during a shutdown
+either: it relaunches the kernel the shutdown is about to forget. The check that raises is
+in the multi-kernel manager, before any per-kernel code runs, and both kinds of restart
+meet there, so this is where shutdowns and restarts are put in order.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+from collections.abc import Callable, Collection
+from typing import Any
 
-from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
+from jupyter_core.utils import ensure_async
+from jupyter_server.services.kernels.kernelmanager import (
+    AsyncMappingKernelManager,
+    ServerKernelManager,
+)
+from tornado import web
 
-__all__ = ["LAUNCHER_MODULE", "StreamKernelManager", "lossless_ipykernel_command"]
+__all__ = [
+    "LAUNCHER_MODULE",
+    "StreamKernelManager",
+    "StreamMappingKernelManager",
+    "lossless_ipykernel_command",
+    "until_settled",
+    "without_secrets",
+]
 
 LAUNCHER_MODULE = "kernel_gateway_stream.kernel_launcher"
 _IPYKERNEL_MODULES = ("ipykernel_launcher", "ipykernel")
@@ -27,9 +59,202 @@ def lossless_ipykernel_command(command: list[str], executable: str) -> list[str]
     return [command[0], "-m", LAUNCHER_MODULE, *command[3:]]
 
 
+def without_secrets(
+    env: dict[str, str], names: Collection[str], values: Collection[str]
+) -> dict[str, str]:
+    """``env`` without the variables ``names`` and without any variable whose value holds
+    one of ``values`` (a copy of the token under another name)."""
+    secrets = [value for value in values if value]
+    return {
+        name: value
+        for name, value in env.items()
+        if name not in names and not any(secret in value for secret in secrets)
+    }
+
+
 class StreamKernelManager(ServerKernelManager):
-    """jupyter_server's kernel manager, launching local ipykernels with lossless IOPub."""
+    """jupyter_server's kernel manager, for the gateway's local kernels:
+
+    * ipykernel launched with an IOPub socket that queues instead of dropping (when
+      :attr:`lossless_iopub` is on);
+    * a kernel's environment without the gateway's secrets (:attr:`secret_names`,
+      :attr:`secret_values`), whatever the kernelspec or the caller put in it;
+    * :attr:`lifecycle_hooks`, called with ``"restart_requested"`` or ``"shutdown"`` when a
+      restart or a shutdown is asked for, before the kernel goes (the Tap records it there:
+      what the kernel does then, such as interrupting the running cell, comes after it).
+    """
+
+    #: Set by the gateway on the class before any kernel starts.
+    lossless_iopub: bool = True
+    secret_names: frozenset[str] = frozenset()
+    secret_values: frozenset[str] = frozenset()
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lifecycle_hooks: list[Callable[[str], None]] = []
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         command: list[str] = super().format_kernel_cmd(extra_arguments)
+        if not self.lossless_iopub:
+            return command
         return lossless_ipykernel_command(command, sys.executable)
+
+    async def _async_pre_start_kernel(self, **kw: Any) -> tuple[list[str], dict[str, Any]]:
+        command, kw = await super()._async_pre_start_kernel(**kw)
+        env = kw.get("env")
+        if isinstance(env, dict):
+            kw["env"] = without_secrets(env, self.secret_names, self.secret_values)
+        return command, kw
+
+    async def restart_kernel(  # type: ignore[override]
+        self, now: bool = False, newports: bool = False, **kw: Any
+    ) -> None:
+        self._announce("restart_requested")
+        await super().restart_kernel(now=now, newports=newports, **kw)
+
+    async def shutdown_kernel(  # type: ignore[override]
+        self, now: bool = False, restart: bool = False
+    ) -> None:
+        if not restart:  # a restart shuts the kernel down too, and said so already
+            self._announce("shutdown")
+        await super().shutdown_kernel(now=now, restart=restart)
+
+    def _announce(self, what: str) -> None:
+        for hook in list(self.lifecycle_hooks):
+            hook(what)
+
+
+async def until_settled(kernel: Any) -> bool:
+    """Wait until no start, restart or shutdown of ``kernel`` (a jupyter_client
+    ``KernelManager``) is in progress; True if one was.
+
+    A restart replaces ``kernel.ready`` with a pending future twice (its shutdown, then its
+    start), so the future is read again after each wait. One that failed is settled too.
+    """
+    waited = False
+    while not (ready := asyncio.wrap_future(kernel.ready)).done():
+        waited = True
+        await asyncio.wait([ready])
+    return waited
+
+
+class StreamMappingKernelManager(AsyncMappingKernelManager):
+    """jupyter_server's kernel manager, whose shutdowns wait for a restart in progress.
+
+    * ``shutdown_kernel`` stops the kernel's restarter, waits until a restart in progress
+      (automatic or requested) has finished, then shuts down what that restart started.
+      Concurrent shutdowns of one kernel share one; all of them answer once it is done.
+    * ``restart_kernel`` waits for a restart already in progress, and refuses a kernel that
+      is being shut down (:class:`tornado.web.HTTPError` 409), instead of relaunching it
+      behind the shutdown.
+    * A kernel whose restarts ran out is removed from the map, as jupyter_server does, and
+      its resources (connection file, control socket, ports) are released.
+    * An unknown kernel id is a 404 with ``reason`` ``unknown_kernel``, so that the API's
+      JSON error has the same ``{"reason", "message"}`` as the gateway's own.
+
+    The standalone daemon uses it by default (``StreamServerApp.kernel_manager_class``).
+    Under ``jupyter server`` it is opted into with ``--ServerApp.kernel_manager_class=
+    kernel_gateway_stream.kernels.StreamMappingKernelManager``.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shutdowns: dict[str, asyncio.Task[None]] = {}
+        self._releases: set[asyncio.Task[None]] = set()
+
+    def _check_kernel_id(self, kernel_id: str) -> None:
+        if kernel_id not in self:
+            raise web.HTTPError(
+                404, "Kernel does not exist: %s" % kernel_id, reason="unknown_kernel"
+            )
+
+    async def _async_shutdown_kernel(  # type: ignore[override]
+        self, kernel_id: str, now: bool = False, restart: bool = False
+    ) -> None:
+        """Shut ``kernel_id`` down once no restart of it is in progress.
+
+        Called by the DELETE and sessions handlers, the culler and ``shutdown_all``.
+
+        Raises:
+            tornado.web.HTTPError: 404 if no such kernel is running.
+        """
+        shutdown = self._shutdowns.get(kernel_id)
+        if shutdown is None:
+            self._check_kernel_id(kernel_id)
+            shutdown = asyncio.ensure_future(self._shutdown_settled(kernel_id, now, restart))
+            self._shutdowns[kernel_id] = shutdown
+            shutdown.add_done_callback(lambda done: self._forget_shutdown(kernel_id, done))
+        # One caller giving up (cancelled) does not stop a shutdown the others wait for.
+        await asyncio.shield(shutdown)
+
+    shutdown_kernel = _async_shutdown_kernel  # type: ignore[assignment]
+
+    def _forget_shutdown(self, kernel_id: str, shutdown: asyncio.Task[None]) -> None:
+        # A kernel started again under the same id may already have a shutdown of its own.
+        if self._shutdowns.get(kernel_id) is shutdown:
+            del self._shutdowns[kernel_id]
+
+    async def _shutdown_settled(self, kernel_id: str, now: bool, restart: bool) -> None:
+        kernel = self.get_kernel(kernel_id)
+        # No new automatic restart from here on. One already under way goes on: wait for it.
+        kernel.stop_restarter()
+        if await until_settled(kernel):
+            self.log.info("Kernel %s restarted before its shutdown; shutting that down", kernel_id)
+            # The restart that just ended started its restarter again.
+            kernel.stop_restarter()
+        await super()._async_shutdown_kernel(kernel_id, now=now, restart=restart)
+
+    async def _async_restart_kernel(  # type: ignore[override]
+        self, kernel_id: str, now: bool = False
+    ) -> Any:
+        """Restart ``kernel_id`` once no other restart of it is in progress.
+
+        Raises:
+            tornado.web.HTTPError: 404 if no such kernel is running, 409 if it is being
+                shut down.
+        """
+        self._refuse_restart_during_shutdown(kernel_id)
+        await until_settled(self.get_kernel(kernel_id))
+        self._refuse_restart_during_shutdown(kernel_id)
+        return await super()._async_restart_kernel(kernel_id, now=now)
+
+    restart_kernel = _async_restart_kernel  # type: ignore[assignment]
+
+    async def interrupt_kernel(self, kernel_id: str) -> Any:  # type: ignore[override]
+        """Interrupt ``kernel_id``; a clear 409 (not jupyter_client's RuntimeError, a 500)
+        while it is being shut down, started or restarted.
+
+        Raises:
+            tornado.web.HTTPError: 404 if no such kernel is running, 409 as said.
+        """
+        self._refuse_restart_during_shutdown(kernel_id)
+        if not self.get_kernel(kernel_id).ready.done():
+            raise web.HTTPError(
+                409, "Kernel %s is starting or restarting" % kernel_id, reason="kernel_not_ready"
+            )
+        return await ensure_async(super().interrupt_kernel(kernel_id))
+
+    def _refuse_restart_during_shutdown(self, kernel_id: str) -> None:
+        if kernel_id in self._shutdowns:
+            raise web.HTTPError(
+                409, "Kernel %s is shutting down" % kernel_id, reason="kernel_shutting_down"
+            )
+        self._check_kernel_id(kernel_id)
+
+    def _handle_kernel_died(self, kernel_id: str) -> None:
+        # Called by the restarter once its restarts ran out, the kernel's process dead.
+        kernel = self._kernels.get(kernel_id)
+        super()._handle_kernel_died(kernel_id)
+        if kernel is not None:
+            release = asyncio.ensure_future(self._release_dead(kernel_id, kernel))
+            self._releases.add(release)
+            release.add_done_callback(self._releases.discard)
+
+    async def _release_dead(self, kernel_id: str, kernel: Any) -> None:
+        """What jupyter_server leaves of a dead kernel: its connection file, which holds the
+        session key, its control socket and its ports. Not a shutdown: that would signal the
+        process group of a process already reaped, whose id may be in use again."""
+        try:
+            await kernel.cleanup_resources()
+        except Exception:  # a background task's outermost frame: log it
+            self.log.exception("Could not release the resources of dead kernel %s", kernel_id)

@@ -9,9 +9,11 @@
   ``Last-Event-ID`` or ``?since=``; the last event is ``done`` with the summary.
 * ``POST /api/kernels/{id}/executions/{msg_id}/input`` ``{"value"}``: answers a pending
   ``input_request`` (409 if none is pending).
-* ``POST /api/kernels/{id}/executions/{msg_id}/interrupt``: interrupts the kernel.
+* ``POST /api/kernels/{id}/executions/{msg_id}/interrupt``: interrupts the kernel if, and
+  only if, this execution is the one running (404 unknown, 409 queued or finished).
 
-The events are those of :mod:`kernel_gateway_stream.core.executions`.
+The events are those of :mod:`kernel_gateway_stream.core.executions`. Every endpoint
+requires ``execute`` on ``kernels``; request bodies are limited in size (413).
 """
 
 from __future__ import annotations
@@ -19,17 +21,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from ..core.errors import BadRequest, LocalError, NoInputPending, UnknownExecution, UnknownKernel
-from ..core.frames import Frame
-from ..core.subscription import LIFECYCLE_STATES
+from ..core.executions import UNFINISHED, ExecutionSummary
+from ..core.frames import Frame, frames_from_records
+from ..core.marks import is_mark
+from ..core.messages import dumps_json
 from ..core.wire import Protocol, encode_sse
-from ..executions import UNFINISHED, ExecutionManager
-from .common import ServicesMixin, parse_seq
-from .stream import CONTENT_TYPE, StreamHandler
+from ..executions import ExecutionManager
+from .common import (
+    KERNEL_ACTION,
+    LimitedBodyMixin,
+    ServicesMixin,
+    json_body,
+    parse_timeout,
+    requires,
+)
+from .stream import CONTENT_TYPE, SSEHandler
 
 __all__ = [
     "ExecuteHandler",
@@ -45,46 +55,15 @@ class _ExecutionsMixin:
 
     @property
     def executions(self) -> ExecutionManager:
-        manager: ExecutionManager = self.settings["kernel_gateway_stream_executions"]
+        manager: ExecutionManager = self.services.executions  # type: ignore[attr-defined]
         return manager
 
 
-def _json_body(handler: Any) -> dict[str, Any]:
-    try:
-        body = json.loads(handler.request.body or b"{}")
-    except ValueError:
-        raise BadRequest("the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
-
-
-class ExecutionEventsHandler(_ExecutionsMixin, StreamHandler):
+class _ExecutionStream(_ExecutionsMixin, SSEHandler):
     """One execution's normalized events, as Server-Sent Events, ending with ``done``."""
 
     encoding = Protocol.EXECUTION
     msg_id = ""
-
-    @web.authenticated
-    @authorized
-    async def get(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
-        last_event_id = self.request.headers.get("Last-Event-ID")
-        try:
-            since = parse_seq("since", self.get_argument("since", None) or last_event_id)
-            summary = await self.executions.summary(kernel_id, msg_id)
-            if summary is None:
-                raise UnknownExecution(msg_id)
-            finished = summary.status not in UNFINISHED
-            if finished and since is not None and since >= summary.last_seq:
-                # Resumed after the last event: nothing to replay, the answer is done.
-                data = json.dumps(summary.to_json()).encode()
-                self.set_header("Content-Type", CONTENT_TYPE)
-                self._streaming = True
-                self.finish(encode_sse("done", summary.last_seq, data))
-                return
-            await self.stream_execution(kernel_id, msg_id, since)
-        except LocalError as error:
-            self.write_error_json(error)
 
     async def stream_execution(self, kernel_id: str, msg_id: str, since: int | None) -> None:
         """Replay the execution from ``since`` (its start when None), then live, until done."""
@@ -96,23 +75,75 @@ class ExecutionEventsHandler(_ExecutionsMixin, StreamHandler):
         for frame in frames:
             message = frame.message
             ended = message.execution_state == "idle" and message.parent_msg_id == self.msg_id
-            if ended or message.execution_state in LIFECYCLE_STATES:
-                summary = await self.executions.summary(self.subscriber.kernel_id, self.msg_id)
-                data = json.dumps(summary.to_json() if summary else {}).encode()
-                if self.is_open():
-                    self.write(encode_sse("done", frame.last_seq, data))
-                self._end()
+            if not ended and not is_mark(message):
+                continue
+            summary = await self.executions.summary(self.subscriber.kernel_id, self.msg_id)
+            if summary is not None and summary.status in UNFINISHED:
+                continue  # a gap record: output may be missing, but it goes on
+            data = dumps_json(summary.to_json() if summary else {})
+            if self.is_open():
+                self.write(encode_sse("done", frame.last_seq, data))
+            self._end()
+            return
+
+
+class ExecutionEventsHandler(_ExecutionStream):
+    """``GET .../executions/{msg_id}/events``."""
+
+    @web.authenticated
+    @requires(KERNEL_ACTION)
+    async def get(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
+        try:
+            since = self.last_event_id()
+            summary = await self.executions.summary(kernel_id, msg_id)
+            if summary is None:
+                raise UnknownExecution(msg_id)
+            finished = summary.status not in UNFINISHED
+            if finished and since is not None and since >= summary.last_seq:
+                # Resumed after the last event: nothing to replay, the answer is done.
+                data = dumps_json(summary.to_json())
+                self.set_header("Content-Type", CONTENT_TYPE)
+                self._streaming = True
+                self.finish(encode_sse("done", summary.last_seq, data))
                 return
+            if kernel_id not in self.kernel_manager:
+                await self._from_transcript(kernel_id, msg_id, since or 0, summary)
+                return
+            await self.stream_execution(kernel_id, msg_id, since)
+        except LocalError as error:
+            self.write_error_json(error)
+
+    async def _from_transcript(
+        self, kernel_id: str, msg_id: str, since: int, summary: ExecutionSummary
+    ) -> None:
+        """The kernel is gone: the execution's events after ``since`` from its transcript,
+        page by page, then ``done`` (it ended, one way or another, with the kernel)."""
+        self.set_header("Content-Type", CONTENT_TYPE)
+        self._streaming = True
+        store = self.services.store
+        limits = self.services.replay
+        while True:
+            page = await store.read(
+                kernel_id, since, limits.page_records, parent=msg_id, max_bytes=limits.page_bytes
+            )
+            if not page.records:
+                break
+            for frame in frames_from_records(page.records, limits.frame_bytes):
+                self.write(frame.encode(Protocol.EXECUTION)[0])
+            await self.flush()
+            since = page.records[-1].seq
+        self.finish(encode_sse("done", summary.last_seq, dumps_json(summary.to_json())))
 
 
-class ExecuteHandler(ExecutionEventsHandler):
+@web.stream_request_body
+class ExecuteHandler(LimitedBodyMixin, _ExecutionStream):  # type: ignore[misc]
     """``POST /api/kernels/{id}/execute``."""
 
     @web.authenticated
-    @authorized
-    async def post(self, kernel_id: str) -> None:
+    @requires(KERNEL_ACTION)
+    async def post(self, kernel_id: str) -> None:  # type: ignore[override]
         try:
-            body = _json_body(self)
+            body = json_body(self)
             code = body.get("code")
             if not isinstance(code, str):
                 raise BadRequest("'code' (a string) is required")
@@ -120,10 +151,7 @@ class ExecuteHandler(ExecutionEventsHandler):
             stop_on_error = body.get("stop_on_error", True)
             if not isinstance(allow_stdin, bool) or not isinstance(stop_on_error, bool):
                 raise BadRequest("'allow_stdin' and 'stop_on_error' must be booleans")
-            timeout = body.get("timeout")
-            is_number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
-            if timeout is not None and (not is_number or timeout <= 0):
-                raise BadRequest("'timeout' must be a positive number of seconds, or null")
+            timeout = parse_timeout(body.get("timeout"))
             if kernel_id not in self.kernel_manager:
                 raise UnknownKernel(kernel_id)
             msg_id = await self.executions.execute(
@@ -151,8 +179,8 @@ class ExecutionHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
     """``GET /api/kernels/{id}/executions/{msg_id}``: the summary."""
 
     @web.authenticated
-    @authorized
-    async def get(self, kernel_id: str, msg_id: str) -> None:
+    @requires(KERNEL_ACTION)
+    async def get(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
         try:
             running = kernel_id in self.kernel_manager
             if not running and await self.services.store.info(kernel_id) is None:
@@ -163,23 +191,25 @@ class ExecutionHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
         except LocalError as error:
             self.write_error_json(error)
             return
-        self.finish(json.dumps({"kernel_id": kernel_id, **summary.to_json()}))
+        self.finish(dumps_json({"kernel_id": kernel_id, **summary.to_json()}))
 
 
-class ExecutionInputHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
+@web.stream_request_body
+class ExecutionInputHandler(  # type: ignore[misc]  # prepare: as APIHandler's
+    LimitedBodyMixin, _ExecutionsMixin, ServicesMixin, APIHandler
+):
     """``POST .../executions/{msg_id}/input``: answer the kernel's input_request."""
 
     @web.authenticated
-    @authorized
-    async def post(self, kernel_id: str, msg_id: str) -> None:
+    @requires(KERNEL_ACTION)
+    async def post(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
         try:
-            value = _json_body(self).get("value")
+            value = json_body(self).get("value")
             if not isinstance(value, str):
                 raise BadRequest("'value' (a string) is required")
             if kernel_id not in self.kernel_manager:
                 raise UnknownKernel(kernel_id)
-            executor = self.executions.executors.get(kernel_id)
-            if executor is None or not executor.answer(msg_id, value):
+            if not self.executions.answer(kernel_id, msg_id, value):
                 raise NoInputPending(f"execution {msg_id!r} is not waiting for input")
         except LocalError as error:
             self.write_error_json(error)
@@ -187,14 +217,18 @@ class ExecutionInputHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
         self.finish(json.dumps({"msg_id": msg_id, "sent": True}))
 
 
-class ExecutionInterruptHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
+@web.stream_request_body
+class ExecutionInterruptHandler(  # type: ignore[misc]  # prepare: as APIHandler's
+    LimitedBodyMixin, _ExecutionsMixin, ServicesMixin, APIHandler
+):
     """``POST .../executions/{msg_id}/interrupt``: interrupt the kernel running it."""
 
     @web.authenticated
-    @authorized
-    async def post(self, kernel_id: str, msg_id: str) -> None:
+    @requires(KERNEL_ACTION)
+    async def post(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
         try:
-            await self.executions.interrupt(kernel_id)
+            json_body(self)  # (none expected; a huge one is still refused)
+            await self.executions.interrupt(kernel_id, msg_id)
         except LocalError as error:
             self.write_error_json(error)
             return

@@ -276,3 +276,20 @@ async def test_every_endpoint_needs_the_token(
         with pytest.raises(HTTPClientError) as denied:
             await AsyncHTTPClient().fetch(url, method=method, body=body, headers=headers)
         assert denied.value.code == 403
+
+
+async def test_events_of_an_execution_whose_kernel_is_gone_replay_from_the_transcript(
+    start_kernel: Any, api: Any, jp_fetch: Any
+) -> None:
+    """A client resuming an execution's events after its kernel shut down gets the events
+    it missed from the transcript, then ``done`` (not a 404: the transcript has them)."""
+    kernel_id = await start_kernel()
+    code = "for i in range(50): print(i)"
+    started = await api.call("POST", f"/api/kernels/{kernel_id}/execute", {"code": code})
+    path = f"/api/kernels/{kernel_id}/executions/{started['msg_id']}/events"
+    whole = await api.events(path).until(done)
+    middle = next(e.id for e in whole if e.event == "stdout")
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    resumed = await api.events(path, **{"Last-Event-ID": str(middle - 1)}).until(done)
+    assert text(resumed) == text(whole) == "".join(f"{i}\n" for i in range(50))
+    assert resumed[-1].data["status"] == "ok"
