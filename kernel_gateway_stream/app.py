@@ -4,25 +4,39 @@
   kernel_gateway_stream.json``), it replaces the kernel channels WebSocket with the
   gateway's and adds the transcript API; JupyterLab users change nothing.
 * Launched on its own (``kernel-gateway-stream`` or ``python -m kernel_gateway_stream``),
-  it is the headless service: bound to 127.0.0.1, token auth on, no browser, and only the
-  kernel APIs (:attr:`StreamServerApp.services`): no contents, files, terminals or
-  notebook UI unless an operator turns them on.
+  it is the headless service: bound to 127.0.0.1 unless ``--ip`` says otherwise (and
+  never to another address without authentication, unless the operator insists), token
+  auth on, no browser, and only the kernel APIs (:attr:`StreamServerApp.services`). A
+  start that cannot work (a transcript database that cannot be opened) stops with one
+  line; SIGTERM, or SIGINT without a terminal, stops gracefully. Its kernel manager is
+  the gateway's :class:`~kernel_gateway_stream.kernels.StreamMappingKernelManager`, whose
+  shutdowns wait out a restart in progress.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
+import logging
+import os
+import signal
+import sys
 import time
 from typing import Any
 
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
-from traitlets import Bool, Float, Int, List, Type, Unicode
+from tornado.ioloop import PeriodicCallback
+from traitlets import Bool, Float, Int, List, Type, Unicode, default
 
 from .broker.base import Broker
 from .broker.memory import MemoryBroker
+from .broker.subscriber import ReplayLimits
+from .core.errors import GatewayStreamError, StoreUnavailable
+from .core.health import ComponentHealth, State
 from .executions import ExecutionManager
-from .handlers.channels import ChannelsHandler, StreamChannelsConnection, close_subscribers
-from .handlers.common import SETTINGS_KEY, Services
+from .handlers.channels import ChannelsHandler, StreamChannelsConnection
+from .handlers.common import SETTINGS_KEY, QueuePolicy, Services
 from .handlers.execute import (
     ExecuteHandler,
     ExecutionEventsHandler,
@@ -30,20 +44,31 @@ from .handlers.execute import (
     ExecutionInputHandler,
     ExecutionInterruptHandler,
 )
+from .handlers.health import HealthHandler
+from .handlers.sessions import SessionRegistry
 from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
-from .kernels import StreamKernelManager
+from .kernel_sockets import KernelSockets
+from .kernels import StreamKernelManager, StreamMappingKernelManager
+from .memory import HeapTrimmer
+from .secrets import RedactingFilter, forbid_dumping, remove_secrets_from_environment
 from .stores.base import TranscriptStore
 from .stores.sqlite import SQLiteTranscriptStore
 from .tap import KERNEL_ACTIONS_SCHEMA, TapManager
 
-__all__ = ["GatewayStreamApp", "StreamServerApp", "main"]
+__all__ = ["GatewayStreamApp", "StartRefused", "StreamServerApp", "main"]
 
 DEFAULT_KM = "jupyter_server.services.kernels.kernelmanager.ServerKernelManager"
+#: Variables kept from kernels whatever the configuration (see GatewayStreamApp.secret_env_vars).
+ALWAYS_SECRET = ("JUPYTER_TOKEN", "JUPYTER_GATEWAY_AUTH_TOKEN", "KGS_TOKEN")
 
 # Any id, so that an id of the wrong shape still gets a JSON 404 from us.
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
 _MSG_ID = r"(?P<msg_id>[^/]+)"
+
+
+class StartRefused(GatewayStreamError):
+    """The daemon will not start as configured; the message says why, in one line."""
 
 
 class StreamServerApp(ServerApp):
@@ -64,6 +89,53 @@ class StreamServerApp(ServerApp):
     def default_services(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(self.services)
 
+    # A headless service, like Kernel Gateway: loopback unless told otherwise (defaults,
+    # not forced values, so that --ip works), never a browser. jupyter_server's refusal to
+    # run as root guards its notebook UI, which the daemon does not serve; the daemon
+    # warns instead (run it as a dedicated user: etc/ has a unit).
+    @default("ip")
+    def _default_ip(self) -> str:
+        return "127.0.0.1"
+
+    @default("open_browser")
+    def _default_open_browser(self) -> bool:
+        return False
+
+    @default("allow_root")
+    def _default_allow_root(self) -> bool:
+        return True
+
+    @default("no_browser_open_file")
+    def _default_no_browser_open_file(self) -> bool:
+        return True  # it would hold the token, in a file kernels can read
+
+    @default("kernel_manager_class")
+    def _default_kernel_manager_class(self) -> Any:
+        # The default, not a setting: --ServerApp.kernel_manager_class still wins, and with
+        # GatewayClient enabled the kernels are remote and jupyter_server's default stands.
+        # An extension cannot swap the kernel manager of a `jupyter server` it is loaded
+        # into without overriding that server's own configuration, so only the daemon,
+        # whose ServerApp this is, changes the default.
+        if self.gateway_config.gateway_enabled:
+            return super()._default_kernel_manager_class()
+        return StreamMappingKernelManager
+
+    @default("reraise_server_extension_failures")
+    def _default_reraise(self) -> bool:
+        return True  # without the gateway, the daemon is not worth running
+
+    def server_info(self) -> dict[str, Any]:
+        """As jupyter_server's, without the token: kernels can read the runtime directory."""
+        info: dict[str, Any] = super().server_info()
+        info["token"] = ""
+        return info
+
+    def init_signal(self) -> None:
+        super().init_signal()
+        if not (sys.stdin and sys.stdin.isatty()):
+            # No terminal to confirm on: SIGINT stops gracefully, as SIGTERM does.
+            signal.signal(signal.SIGINT, self._signal_stop)
+
 
 class GatewayStreamApp(ExtensionApp):
     """kernel_gateway_stream's extension (and, launched on its own, its daemon)."""
@@ -73,12 +145,18 @@ class GatewayStreamApp(ExtensionApp):
     extension_url = "/api/kernels"
     load_other_extensions = False
     serverapp_class = StreamServerApp
-    # A headless service, like Kernel Gateway: loopback only unless told otherwise, never a
-    # browser. jupyter_server's refusal to run as root guards its notebook UI, which the
-    # daemon does not serve; run it as a dedicated user in production (etc/ has a unit).
-    serverapp_config = {"ip": "127.0.0.1", "open_browser": False, "allow_root": True}
 
-    classes = [*ExtensionApp.classes, TapManager, SQLiteTranscriptStore, MemoryBroker]
+    classes = [
+        *ExtensionApp.classes,
+        TapManager,
+        SQLiteTranscriptStore,
+        MemoryBroker,
+        ExecutionManager,
+    ]
+
+    @default("open_browser")
+    def _default_open_browser(self) -> bool:
+        return False
 
     transcript_store_class = Type(
         default_value=SQLiteTranscriptStore,
@@ -100,6 +178,28 @@ class GatewayStreamApp(ExtensionApp):
         "when the machine is too busy to drain it at once. Applies when the kernel manager's "
         "kernel_manager_class is jupyter_server's default.",
     )
+    secret_env_vars = List(
+        Unicode(),
+        default_value=[],
+        config=True,
+        help="More environment variables that hold secrets (cloud credentials, database "
+        "passwords), besides JUPYTER_TOKEN, JUPYTER_GATEWAY_AUTH_TOKEN, KGS_TOKEN and any "
+        "variable holding the token: all are removed from the gateway's environment before "
+        "any kernel starts, so kernels never see them.",
+    )
+    protect_process_memory = Bool(
+        True,
+        config=True,
+        help="Daemon only: mark the process not dumpable (Linux prctl PR_SET_DUMPABLE), so that "
+        "a kernel running as the same user cannot read the gateway's memory or environment "
+        "through /proc or ptrace.",
+    )
+    allow_unauthenticated_remote_access = Bool(
+        False,
+        config=True,
+        help="Let the daemon serve on an address other than loopback with no token and no "
+        "password. Anyone who can reach it can then run code on its kernels.",
+    )
     subscriber_max_bytes = Int(
         32 * 1024 * 1024,
         config=True,
@@ -113,22 +213,85 @@ class GatewayStreamApp(ExtensionApp):
         help="A client whose oldest queued message has waited this many seconds is disconnected "
         "as too slow (close code 4008).",
     )
+    subscriber_merge_max_bytes = Int(
+        1024 * 1024,
+        config=True,
+        help="Largest stream message made by merging the backlog of a client that fell behind.",
+    )
     sse_heartbeat_interval = Float(
         15.0,
         config=True,
         help="Seconds between the keep-alive comment lines of an idle SSE stream, so that "
         "proxies do not close it.",
     )
-    subscriber_merge_max_bytes = Int(
+    max_request_bytes = Int(
+        10 * 1024 * 1024,
+        config=True,
+        help="Largest request body the gateway's endpoints take (code to execute, input); a "
+        "larger one gets 413 before it is held in memory.",
+    )
+    replay_page_records = Int(
+        5000, config=True, help="Most records a replay reads from the transcript at once."
+    )
+    replay_page_bytes = Int(
         1024 * 1024,
         config=True,
-        help="Largest stream message made by merging the backlog of a client that fell behind.",
+        help="Most bytes of messages a replay reads from the transcript at once.",
+    )
+    max_concurrent_replays = Int(
+        8,
+        config=True,
+        help="Replay pages read and sent at the same time, across all clients: what a storm "
+        "of reconnecting clients costs in memory is this many pages.",
+    )
+    session_grace = Float(
+        60.0,
+        config=True,
+        help="Seconds a client session's kernel channels outlive its dropped connection, "
+        "holding the replies sent meanwhile for the client's return (same session_id).",
+    )
+    shutdown_drain_timeout = Float(
+        5.0,
+        config=True,
+        help="Seconds a graceful stop gives clients to receive what is queued for them before "
+        "they are told gateway_shutdown (with their last seq).",
+    )
+    heap_trim_interval = Float(
+        10.0,
+        config=True,
+        help="Seconds between checks whether to give freed memory back to the operating system "
+        "(glibc keeps it after a burst); 0 never does. See kernel_gateway_stream.memory.",
+    )
+    heap_trim_threshold = Int(
+        32 * 1024 * 1024,
+        config=True,
+        help="Bytes the resident set must have grown by since the last trim for another one.",
+    )
+    health_check_interval = Float(
+        1.0,
+        config=True,
+        help="Seconds between checks of the gateway's health; each change of state is logged.",
     )
 
     def initialize_settings(self) -> None:
         serverapp = self.serverapp
         assert serverapp is not None
         assert serverapp.event_logger is not None
+        daemon = isinstance(serverapp, StreamServerApp)
+        token = serverapp.identity_provider.token
+        self._route_logs(token)
+        if daemon:
+            self._refuse_unauthenticated_remote(serverapp)
+        names = frozenset(ALWAYS_SECRET) | frozenset(self.secret_env_vars)
+        removed = remove_secrets_from_environment(names, [token])
+        StreamKernelManager.secret_names = names | frozenset(removed)
+        StreamKernelManager.secret_values = frozenset([token]) if token else frozenset()
+        if daemon and self.protect_process_memory:
+            forbid_dumping()
+        if daemon and os.geteuid() == 0:
+            self.log.warning(
+                "Running as root: kernels run as root too. Run the daemon as a dedicated user."
+            )
         if serverapp.gateway_config.gateway_enabled:
             self.log.warning(
                 "kernel_gateway_stream taps kernels over ZMQ; with GatewayClient enabled the "
@@ -138,31 +301,76 @@ class GatewayStreamApp(ExtensionApp):
         self.store: TranscriptStore = self.transcript_store_class(parent=self, log=self.log)
         self.store.open()
         self.broker: Broker = self.broker_class(parent=self, log=self.log)
+        self.sockets = KernelSockets()
+        kernel_manager = serverapp.kernel_manager
         self.taps = TapManager(
-            serverapp.kernel_manager, self.store, self.broker, parent=self, log=self.log
+            kernel_manager, self.store, self.broker, self.sockets, parent=self, log=self.log
         )
-        self.taps.on_close(close_subscribers)
-        self.settings[SETTINGS_KEY] = Services(
+        self.executions = ExecutionManager(
+            self.taps, self.store, self.sockets, parent=self, log=self.log
+        )
+        self.services = Services(
             store=self.store,
             broker=self.broker,
             taps=self.taps,
-            subscriber_options={
-                "max_bytes": self.subscriber_max_bytes,
-                "max_lag": self.subscriber_max_lag,
-                "merge_max_bytes": self.subscriber_merge_max_bytes,
-            },
+            sockets=self.sockets,
+            sessions=SessionRegistry(self.sockets, self.log, grace=self.session_grace),
+            executions=self.executions,
+            policy=QueuePolicy(
+                self.subscriber_max_bytes, self.subscriber_max_lag, self.subscriber_merge_max_bytes
+            ),
+            replay=ReplayLimits(
+                page_records=self.replay_page_records,
+                page_bytes=self.replay_page_bytes,
+                live_within=self.replay_page_records,
+                slots=asyncio.Semaphore(self.max_concurrent_replays),
+            ),
             sse_heartbeat=self.sse_heartbeat_interval,
+            max_request_bytes=self.max_request_bytes,
         )
-        self.executions = ExecutionManager(self.taps, self.store, parent=self, log=self.log)
-        self.settings["kernel_gateway_stream_executions"] = self.executions
+        self.taps.on_close(self.services.kernel_closed)
+        self.settings[SETTINGS_KEY] = self.services
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
-        kernel_manager = serverapp.kernel_manager
-        if self.lossless_kernel_iopub and kernel_manager.kernel_manager_class == DEFAULT_KM:
+        StreamKernelManager.lossless_iopub = self.lossless_kernel_iopub
+        if kernel_manager.kernel_manager_class == DEFAULT_KM:
             kernel_manager.kernel_manager_class = (
                 f"{StreamKernelManager.__module__}.StreamKernelManager"
             )
         serverapp.event_logger.add_listener(
             schema_id=KERNEL_ACTIONS_SCHEMA, listener=self.taps.on_kernel_action
+        )
+        self._health: dict[str, tuple[State, str | None]] = {}
+        for kernel_id, first, last in self.store.recovered:
+            self.log.info("Recovered transcript %s: seqs %d-%d were lost (a gap record)",
+                          kernel_id, first, last)  # fmt: skip
+
+    def _route_logs(self, token: str) -> None:
+        """The package's own loggers log through the server's handlers, and no handler
+        writes the token (or a ``?token=`` value) anywhere."""
+        package = logging.getLogger("kernel_gateway_stream")
+        package.parent = self.log
+        package.setLevel(self.log.getEffectiveLevel())
+        redacting = RedactingFilter([token] if token else [])
+        loggers = {self.log, logging.getLogger()}
+        parent = self.log.parent
+        while parent is not None:
+            loggers.add(parent)
+            parent = parent.parent
+        for logger in loggers:
+            for handler in logger.handlers:
+                if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+                    handler.addFilter(redacting)
+
+    def _refuse_unauthenticated_remote(self, serverapp: ServerApp) -> None:
+        provider = serverapp.identity_provider
+        authenticated = bool(provider.token) or bool(getattr(serverapp, "password", ""))
+        authenticated = authenticated or bool(getattr(provider, "hashed_password", ""))
+        if authenticated or self.allow_unauthenticated_remote_access or _loopback(serverapp.ip):
+            return
+        raise StartRefused(
+            f"refusing to serve kernels unauthenticated on {serverapp.ip or 'every address'}: "
+            "set a token (JUPYTER_TOKEN), bind to 127.0.0.1, or set "
+            "--GatewayStreamApp.allow_unauthenticated_remote_access=True"
         )
 
     def initialize_handlers(self) -> None:
@@ -179,24 +387,71 @@ class GatewayStreamApp(ExtensionApp):
                     rf"/api/kernels/{_KERNEL_ID}/executions/{_MSG_ID}/interrupt",
                     ExecutionInterruptHandler,
                 ),
+                (r"/api/gateway/health", HealthHandler),
             ]
         )
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.taps.start()
+        self._health_watch = PeriodicCallback(self._watch_health, self.health_check_interval * 1000)
+        self._health_watch.start()
+        self.trimmer = HeapTrimmer(self.heap_trim_interval, self.heap_trim_threshold)
+        self.trimmer.start()
         await self.taps.reconcile()
 
+    def _watch_health(self) -> None:
+        """Log each change of a component's state, once."""
+        for component in self.services.health():
+            now = (component.state, component.reason)
+            before = self._health.get(component.name, (State.OK, None))
+            self._health[component.name] = now
+            if now != before:
+                self._log_health(component, before[0])
+
+    def _log_health(self, component: ComponentHealth, before: State) -> None:
+        if component.state is State.OK:
+            self.log.info("The %s recovered (was %s)", component.name, before.value)
+        else:
+            log = self.log.error if component.state is State.FAILING else self.log.warning
+            log("The %s is %s: %s", component.name, component.state.value, component.reason)
+
     async def stop_extension(self) -> None:
-        # jupyter_server stops extensions before it shuts kernels down; record the end now.
+        """A graceful stop (jupyter_server stops extensions before it shuts kernels down):
+        stop tapping, send every client what is queued and then ``gateway_shutdown`` with
+        its last seq, make the transcript durable, each within a bounded time."""
+        if not hasattr(self, "services"):
+            return  # the extension never initialized (its start failed)
+        if hasattr(self, "_health_watch"):
+            self._health_watch.stop()
+            self.trimmer.stop()
         now = time.time()
         for kernel_id in list(self.taps.taps):
             self.store.kernel_ended(kernel_id, now)
-        self.executions.close()
         self.taps.close()
-        await self.store.flush()
+        await self.services.gateway_stopping(self.shutdown_drain_timeout)
+        self.executions.close()
+        self.services.sessions.close()
+        await self.store.flush(self.store_close_timeout())
         self.store.close()
+        self.sockets.close()
+
+    def store_close_timeout(self) -> float:
+        return float(getattr(self.store, "close_timeout", 10.0))
+
+
+def _loopback(ip: str) -> bool:
+    if ip in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
 
 
 def main() -> None:
     """The ``kernel-gateway-stream`` command."""
-    GatewayStreamApp.launch_instance()
+    try:
+        GatewayStreamApp.launch_instance()
+    except (StartRefused, StoreUnavailable) as error:
+        print(f"kernel-gateway-stream: {error}", file=sys.stderr)
+        sys.exit(1)

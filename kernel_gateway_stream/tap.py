@@ -25,6 +25,7 @@ import contextlib
 import datetime
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
@@ -33,39 +34,33 @@ from jupyter_server._tz import utcnow
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
-from zmq.eventloop.zmqstream import ZMQStream
 
-from .broker.base import Broker, Subscriber
-from .core.errors import RemoteError, UnknownKernel
-from .core.messages import KernelMessage, Signer, decode_zmq_message
+from .broker.base import Broker
+from .core.errors import BadSignature, InvalidMessage, RemoteError, UnknownKernel
+from .core.guards import DigestHistory, withhold_traceback
+from .core.health import ComponentHealth, State
+from .core.marks import lifecycle_request, lifecycle_status
+from .core.messages import (
+    KernelMessage,
+    Record,
+    Signer,
+    invalid_placeholder,
+    split_identities,
+)
 from .core.sequencer import Sequencer
+from .kernel_sockets import KernelSockets, channel_url
 from .stores.base import TranscriptStore
 
-__all__ = ["KERNEL_ACTIONS_SCHEMA", "KernelTap", "TapManager", "channel_url"]
+__all__ = ["KERNEL_ACTIONS_SCHEMA", "KernelTap", "TapManager"]
 
 KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 
-
-def channel_url(info: dict[str, Any], channel: str) -> str:
-    port = info[f"{channel}_port"]
-    if info.get("transport", "tcp") == "ipc":
-        return f"ipc://{info['ip']}-{port}"
-    return f"tcp://{info['ip']}:{port}"
+#: ``observer(record)``: called for every record a Tap records, after it is published.
+RecordObserver = Callable[[Record], None]
 
 
-def connect_dealer(
-    context: zmq.Context[Any], info: dict[str, Any], channel: str, identity: bytes
-) -> tuple[ZMQStream, zmq.Socket[bytes]]:
-    """A DEALER on one of a kernel's ROUTER channels, and a monitor socket that receives
-    one event once the kernel knows the identity. A kernel's stdin ROUTER silently drops an
-    ``input_request`` for an identity whose connection is still being set up, so whoever
-    asks for input waits for that event first."""
-    socket = context.socket(zmq.DEALER)
-    socket.setsockopt(zmq.IDENTITY, identity)
-    socket.setsockopt(zmq.LINGER, 0)
-    monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-    socket.connect(channel_url(info, channel))
-    return ZMQStream(socket), monitor
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
 
 class KernelTap:
@@ -92,9 +87,16 @@ class KernelTap:
         )
         self.signer = Signer(kernel_manager.session.key, kernel_manager.session.signature_scheme)
         self.sequencer = Sequencer(kernel_id)
+        self.history = DigestHistory(manager.replay_history)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.received = 0
+        #: Messages refused: a signature that does not match, or framing that is not a message.
         self.rejected = 0
+        #: Correctly signed messages seen before (replays), refused.
+        self.replays = 0
+        #: Correctly signed messages that are not messages, recorded as placeholders.
+        self.invalid = 0
+        self._refusals_logged = 0.0
         self._active = False
         self._iopub: zmq.Socket[bytes] | None = None
         self._iopub_fd = -1
@@ -105,6 +107,11 @@ class KernelTap:
     def head(self) -> int:
         return self.sequencer.head
 
+    @property
+    def closed(self) -> bool:
+        """True once the Tap stopped (its kernel shut down, or the gateway is stopping)."""
+        return self._closed
+
     async def start(self) -> None:
         """Number from the store's head, subscribe, and start nudging until ready."""
         self.sequencer.head = await self.store.head(self.kernel_id)
@@ -113,11 +120,14 @@ class KernelTap:
         self._connect()
         self.kernel_manager.add_restart_callback(self._on_auto_restart, "restart")
         self.kernel_manager.add_restart_callback(self._on_dead, "dead")
+        hooks = getattr(self.kernel_manager, "lifecycle_hooks", None)
+        if hooks is not None:  # our kernel manager says when a restart or shutdown begins
+            hooks.append(self._on_lifecycle_request)
 
     def _connect(self) -> None:
         info = self.kernel_manager.get_connection_info()
-        socket = self.manager.context.socket(zmq.SUB)
-        socket.setsockopt(zmq.RCVHWM, 0)
+        socket = self.manager.sockets.context.socket(zmq.SUB)
+        socket.setsockopt(zmq.RCVHWM, self.manager.iopub_receive_hwm)
         # The kernel's PUB socket drops what it cannot queue for us (1000 messages by
         # default) once the TCP buffers between us are full. A fresh connection starts with
         # a small receive buffer that autotuning grows only later, so a short stall of our
@@ -141,7 +151,7 @@ class KernelTap:
 
     async def _nudge(self, info: dict[str, Any]) -> None:
         """Send kernel_info_request until IOPub proves the subscription is live."""
-        shell = self.manager.context.socket(zmq.DEALER)
+        shell = self.manager.sockets.context.socket(zmq.DEALER)
         shell.setsockopt(zmq.LINGER, 0)
         shell.connect(channel_url(info, "shell"))
         ready = self.ready
@@ -206,12 +216,39 @@ class KernelTap:
 
     def _decode_and_record(self, frames: list[bytes]) -> None:
         try:
-            message = decode_zmq_message(frames, self.signer)
-        except RemoteError as error:
+            _, rest = split_identities(frames)
+            if len(rest) < 5:
+                raise RemoteError(f"expected a signature and 4 parts, got {len(rest)} frames")
+            self.signer.verify(rest[0], rest[1:5])
+            if self.history.seen(rest[0]):
+                self.replays += 1
+                self._refused(f"a replay of a message already recorded ({self.replays})")
+                return
+            try:
+                message = KernelMessage.from_parts(rest[1:], repair=True)
+            except RemoteError as error:
+                self.invalid += 1
+                invalid = InvalidMessage(str(error), rest[0], rest[1:])
+                message = invalid_placeholder(invalid, date=now_iso(), session=self.session.session)
+        except (BadSignature, RemoteError) as error:
             self.rejected += 1
-            self.log.warning("Dropped an invalid IOPub message from %s: %s", self.kernel_id, error)
+            self._refused(f"an invalid message ({error})")
             return
         self._record(message)
+
+    def _refused(self, what: str) -> None:
+        """Log a refusal, at most once per ``refusal_log_interval`` (a kernel can send a
+        great many: the log must not be its megaphone)."""
+        now = time.monotonic()
+        if now - self._refusals_logged >= self.manager.refusal_log_interval:
+            self._refusals_logged = now
+            self.log.warning(
+                "Kernel %s sent %s; refused %d invalid and %d replayed messages so far",
+                self.kernel_id,
+                what,
+                self.rejected,
+                self.replays,
+            )
 
     def record_message(self, message: KernelMessage) -> None:
         """Record a message that did not come on IOPub (an ``input_request`` for one of the
@@ -220,10 +257,18 @@ class KernelTap:
 
     def _record(self, message: KernelMessage) -> None:
         self.received += 1
+        manager = self.manager
+        if not manager.tracebacks_allowed:
+            message = withhold_traceback(message, manager.traceback_replacement)
         record = self.sequencer.assign(message, time.time())
         self.store.append(record)
         self.broker.publish(record)
         self._track_activity(message)
+        for observer in manager.observers:
+            try:
+                observer(record)
+            except Exception:  # an adapter's edge: one observer's bug is only logged
+                self.log.exception("A record observer failed on %s", self.kernel_id)
 
     def _track_activity(self, message: KernelMessage) -> None:
         """What jupyter_server's activity watcher does (``last_activity`` for culling and
@@ -242,14 +287,15 @@ class KernelTap:
             elif kernel.execution_state == "starting" and state != "starting":
                 kernel.execution_state = "idle"
 
-    def publish_status(self, execution_state: str) -> None:
-        """Record a status the kernel cannot send itself (``restarting``, ``dead``)."""
+    def record_mark(self, execution_state: str, reason: str) -> None:
+        """Record a lifecycle status the kernel cannot send itself (``restarting``,
+        ``dead``), after whatever IOPub already holds: see :mod:`.core.marks`."""
         self._drain()
-        message = KernelMessage.synthesize(
-            "status",
-            {"execution_state": execution_state},
+        message = lifecycle_status(
+            execution_state,
+            reason,
             msg_id=str(uuid.uuid4()),
-            date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            date=now_iso(),
             session=self.session.session,
         )
         self._record(message)
@@ -278,30 +324,51 @@ class KernelTap:
         self._connect()
 
     def _on_auto_restart(self) -> None:
-        self.publish_status("restarting")
+        self.record_mark("restarting", "kernel_died")
         self.reconnect()
 
     def _on_dead(self) -> None:
-        self.publish_status("dead")
+        self.record_mark("dead", "restart_failed")
+
+    def _on_lifecycle_request(self, what: str) -> None:
+        """Our kernel manager says a restart or a shutdown was asked for (the kernel is
+        still there: what it does now comes after this note)."""
+        if self._closed:
+            return
+        self._drain()
+        event = f"{what}_requested" if what == "shutdown" else what
+        self._record(lifecycle_request(event, what, msg_id=str(uuid.uuid4()), date=now_iso()))
+
+    def restarted(self) -> None:
+        """A restart asked for through the API has completed: the old kernel is gone."""
+        if self._closed:
+            return
+        self.record_mark("restarting", "restart_requested")
+        self.reconnect()
 
     def stop(self) -> None:
         """Stop reading, keeping the kernel's state (the gateway itself is shutting down)."""
         self._closed = True
         self._disconnect()
 
-    def close(self) -> list[Subscriber]:
-        """Stop tapping (the kernel shut down). Returns the subscribers that were attached."""
+    def close(self) -> None:
+        """Stop tapping: the kernel shut down. Records that it did (a ``dead`` status,
+        reason ``shutdown``: executions still running end ``died``)."""
         if self._closed:
-            return []
+            return
+        self.record_mark("dead", "shutdown")
         self._closed = True
         self._disconnect()
         for callback, event in ((self._on_auto_restart, "restart"), (self._on_dead, "dead")):
             with contextlib.suppress(ValueError):
                 self.kernel_manager.remove_restart_callback(callback, event)
+        hooks = getattr(self.kernel_manager, "lifecycle_hooks", [])
+        with contextlib.suppress(ValueError):
+            hooks.remove(self._on_lifecycle_request)
         if not self.ready.done():
             self.ready.set_result(None)
         self.store.kernel_ended(self.kernel_id, time.time())
-        return self.broker.close_kernel(self.kernel_id)
+        self.broker.close_kernel(self.kernel_id)
 
 
 class TapManager(LoggingConfigurable):
@@ -324,6 +391,15 @@ class TapManager(LoggingConfigurable):
         "while the gateway is briefly busy before the kernel's PUB socket starts dropping "
         "(the OS caps it at net.core.rmem_max). 0 leaves it to TCP autotuning.",
     )
+    iopub_receive_hwm = Int(
+        20000,
+        config=True,
+        help="Messages each Tap's IOPub socket queues in the gateway before it stops reading "
+        "from the kernel (0: no bound). A kernel started through kernel_gateway_stream's "
+        "launcher then holds the rest itself (its IOPub never drops); other kernels' IOPub "
+        "sockets drop past their own high-water mark (1000 by default), as they would with "
+        "jupyter_server.",
+    )
     iopub_batch = Int(
         500,
         config=True,
@@ -335,6 +411,18 @@ class TapManager(LoggingConfigurable):
         help="Most IOPub bytes a Tap reads in one turn of the event loop (a client's queue "
         "can grow by this much before its writer runs; keep subscriber limits well above).",
     )
+    replay_history = Int(
+        16384,
+        config=True,
+        help="Signatures each Tap remembers to refuse a verbatim replay of a signed IOPub "
+        "message (jupyter_client's Session keeps a digest history the same way).",
+    )
+    refusal_log_interval = Float(
+        10.0,
+        config=True,
+        help="Seconds between two log lines about the invalid or replayed messages a kernel "
+        "sends (each is counted; the health endpoint has the counts).",
+    )
     reconcile_interval = Float(
         5.0,
         config=True,
@@ -343,16 +431,25 @@ class TapManager(LoggingConfigurable):
     )
 
     def __init__(
-        self, kernel_manager: Any, store: TranscriptStore, broker: Broker, **kwargs: Any
+        self,
+        kernel_manager: Any,
+        store: TranscriptStore,
+        broker: Broker,
+        sockets: KernelSockets,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.kernel_manager = kernel_manager
         self.store = store
         self.broker = broker
-        self.context = zmq.Context()
-        # One SUB per kernel plus the DEALERs of every client that talks to a kernel: more
-        # than libzmq's default of 1023 sockets on a busy gateway.
-        self.context.set(zmq.MAX_SOCKETS, 65536)
+        self.sockets = sockets
+        #: Called for every record (see :data:`RecordObserver`).
+        self.observers: list[RecordObserver] = []
+        # jupyter_server's policy for tracebacks, applied before anything is recorded.
+        self.tracebacks_allowed: bool = getattr(kernel_manager, "allow_tracebacks", True)
+        self.traceback_replacement: str = getattr(
+            kernel_manager, "traceback_replacement_message", "An exception occurred."
+        )
         self.taps: dict[str, KernelTap] = {}
         self._starting: dict[str, asyncio.Future[KernelTap]] = {}
         self._on_close: list[Any] = []
@@ -363,8 +460,9 @@ class TapManager(LoggingConfigurable):
         self._reconciler = PeriodicCallback(self.reconcile, self.reconcile_interval * 1000)
         self._reconciler.start()
 
-    def on_close(self, callback: Any) -> None:
-        """Register ``callback(kernel_id, subscribers)``, called when a Tap closes."""
+    def on_close(self, callback: Callable[[str, int], Any]) -> None:
+        """Register ``callback(kernel_id, head)``, called when a Tap closes (its kernel shut
+        down), with the last sequence number it gave."""
         self._on_close.append(callback)
 
     async def ensure(self, kernel_id: str) -> KernelTap:
@@ -423,10 +521,10 @@ class TapManager(LoggingConfigurable):
         tap = self.taps.pop(kernel_id, None)
         if tap is None:
             return
-        subscribers = tap.close()
+        tap.close()
         self.log.info("Stopped tapping kernel %s at seq %s", kernel_id, tap.head)
         for callback in self._on_close:
-            callback(kernel_id, subscribers)
+            callback(kernel_id, tap.head)
 
     async def on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
         """jupyter_events listener for jupyter_server's kernel_actions events."""
@@ -441,7 +539,7 @@ class TapManager(LoggingConfigurable):
         elif action == "restart":
             tap = self.taps.get(kernel_id)
             if tap is not None:
-                tap.reconnect()
+                tap.restarted()
 
     async def reconcile(self) -> None:
         running = set(self.kernel_manager.list_kernel_ids())
@@ -463,8 +561,23 @@ class TapManager(LoggingConfigurable):
             self.log.exception("Could not tap kernel %s", kernel_id)
 
     def close(self) -> None:
+        """Stop every Tap, keeping the kernels' state (the gateway is stopping)."""
         if self._reconciler is not None:
             self._reconciler.stop()
         for kernel_id in list(self.taps):
             self.taps.pop(kernel_id).stop()
-        self.context.destroy(linger=0)
+
+    def health(self) -> ComponentHealth:
+        taps = list(self.taps.values())
+        waiting = [tap.kernel_id for tap in taps if not tap.ready.done()]
+        details = {
+            "kernels": len(taps),
+            "not_ready": waiting,
+            "messages": sum(tap.received for tap in taps),
+            "refused_invalid": sum(tap.rejected for tap in taps),
+            "replays_refused": sum(tap.replays for tap in taps),
+            "invalid_placeholders": sum(tap.invalid for tap in taps),
+        }
+        if waiting:
+            return ComponentHealth("taps", State.DEGRADED, "kernel_not_ready", details)
+        return ComponentHealth("taps", State.OK, None, details)

@@ -1,3 +1,116 @@
-# pytest-jupyter's fixtures (jp_serverapp, jp_fetch, ...) for the integration tier. pytest
-# only honours pytest_plugins in the top-level conftest.
+"""Fixtures for every tier: pytest-jupyter's real server (jp_serverapp, jp_fetch, ...)
+with the extension enabled, kernels, channels and transcript helpers, and the daemon as a
+subprocess. pytest only honours pytest_plugins in the top-level conftest."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+# Imported now, not lazily by hypothesis's pytest plugin at session end: by then a kernel
+# start has imported jedi, which raises the recursion limit, and CPython 3.11.7 then fails
+# to compile modules imported deep in pytest's stack ("AST constructor recursion depth
+# mismatch"), ending the run with a SystemError after every test passed.
+import hypothesis  # noqa: F401
+import pytest
+from tornado.httpclient import AsyncHTTPClient
+from traitlets.config import Config
+
+from kernel_gateway_stream.handlers.common import SETTINGS_KEY, Services
+
+from .integration.daemon import daemon
+from .integration.sseclient import SSEReader
+from .integration.wsclient import KernelWS
+
+__all__ = ["daemon"]  # a fixture: the daemon as a subprocess (tests/integration/daemon.py)
+
+
+@pytest.fixture
+def transcript_path(tmp_path: Any) -> str:
+    return str(tmp_path / "transcripts.sqlite3")
+
+
+@pytest.fixture
+def jp_server_config(transcript_path: str) -> Config:
+    return Config(
+        {
+            "ServerApp": {"jpserver_extensions": {"kernel_gateway_stream": True}},
+            "SQLiteTranscriptStore": {"path": transcript_path},
+        }
+    )
+
+
+@pytest.fixture
+def services(jp_serverapp: Any) -> Services:
+    services: Services = jp_serverapp.web_app.settings[SETTINGS_KEY]
+    return services
+
+
+@pytest.fixture
+def start_kernel(jp_fetch: Any) -> Any:
+    async def start(**body: Any) -> str:
+        response = await jp_fetch("api", "kernels", method="POST", body=json.dumps(body))
+        kernel_id: str = json.loads(response.body)["id"]
+        return kernel_id
+
+    return start
+
+
+@pytest.fixture
+def connect(
+    http_server_client: Any, jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str
+) -> Any:
+    opened: list[KernelWS] = []
+
+    async def open_ws(
+        kernel_id: str, headers: dict[str, str] | None = None, **options: Any
+    ) -> KernelWS:
+        base = jp_base_url.rstrip("/")
+        url = f"ws://127.0.0.1:{jp_http_port}{base}/api/kernels/{kernel_id}/channels"
+        ws = await KernelWS.open(url, {**jp_auth_header, **(headers or {})}, **options)
+        opened.append(ws)
+        return ws
+
+    yield open_ws
+    for ws in opened:
+        ws.close()
+
+
+@pytest.fixture
+def transcript(jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str) -> Any:
+    """GET the transcript; a tuple value repeats the parameter (``msg_type=a&msg_type=b``)."""
+    client = AsyncHTTPClient()
+
+    async def read(kernel_id: str, **params: Any) -> Any:
+        query = urlencode(
+            [(k, v) for k, vs in params.items() for v in (vs if isinstance(vs, tuple) else [vs])]
+        )
+        base = jp_base_url.rstrip("/")
+        url = f"http://127.0.0.1:{jp_http_port}{base}/api/kernels/{kernel_id}/transcript"
+        response = await client.fetch(f"{url}?{query}", headers=jp_auth_header)
+        if params.get("format") == "text":
+            return response.body.decode()
+        return json.loads(response.body)
+
+    return read
+
+
+@pytest.fixture
+def sse(jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str) -> Any:
+    """Open ``GET /api/kernels/{id}/stream`` readers (closed after the test)."""
+    readers: list[SSEReader] = []
+
+    def open_stream(kernel_id: str, query: str = "") -> SSEReader:
+        base = jp_base_url.rstrip("/")
+        url = f"http://127.0.0.1:{jp_http_port}{base}/api/kernels/{kernel_id}/stream{query}"
+        reader = SSEReader(url, jp_auth_header)
+        readers.append(reader)
+        return reader
+
+    yield open_stream
+    for reader in readers:
+        reader.close()
+
+
 pytest_plugins = ["pytest_jupyter.jupyter_server"]

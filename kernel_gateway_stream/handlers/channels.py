@@ -1,25 +1,21 @@
 """``/api/kernels/{id}/channels``: a drop-in for jupyter_server's kernel WebSocket.
 
-Shell, control and stdin work as in jupyter_server: each connection has its own
-DEALER sockets with the client's session identity, so replies and ``input_request``
-reach the client that asked. They are opened at the connection's first request, not
-before: a client that only watches costs no ZMQ sockets (a thousand watchers of one kernel
-cost one IOPub socket), and that first request waits until the kernel's stdin ROUTER knows
-the identity, so an ``input_request`` it causes is never dropped. IOPub does not come from
-a socket of the connection's own:
-it comes from the broker, coalesced and never dropped, replayed from the transcript on
-resume. Each IOPub message carries ``metadata["kernel_gateway_stream"]["seq"]``.
+Shell, control and stdin work as in jupyter_server: each client session has its own
+DEALER sockets with its session id as identity, so replies and ``input_request`` reach the
+client that asked (see :mod:`.sessions`: they outlive a dropped connection for a grace
+period, and replies that came meanwhile reach the client when it returns). They are opened
+at the session's first request, not before: a client that only watches costs no ZMQ
+sockets (a thousand watchers of one kernel cost one IOPub socket), and that first request
+waits until the kernel's stdin ROUTER knows the identity, so an ``input_request`` it causes
+is never dropped. IOPub does not come from a socket of the connection's own: it comes from
+the broker, coalesced and never dropped, replayed from the transcript on resume. Each
+IOPub message carries ``metadata["kernel_gateway_stream"]["seq"]``.
 
 Resume: ``?since=SEQ`` sends every IOPub message after SEQ, then live. Without it, a
 client reconnecting with a ``session_id`` it used before gets what that session missed.
 
-Close codes (RFC 6455 section 7.4.2 reserves 4000-4999 for applications):
-
-====  =========================================================================
-1007  a frame that is not a Jupyter message of the negotiated protocol
-1001  the kernel shut down
-4008  too slow: the reason says ``last_seq``, resume with ``?since=last_seq``
-====  =========================================================================
+Close codes and reasons: :mod:`..core.endings` (1007 malformed, 1001 kernel or gateway
+shutdown, 4008 too slow; each with a JSON reason and, where it applies, ``last_seq``).
 """
 
 from __future__ import annotations
@@ -40,38 +36,22 @@ from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError
 from traitlets import Any as AnyTrait
 from traitlets import default
-from zmq.eventloop.zmqstream import ZMQStream
 
-from ..broker.base import Subscriber, TransportClosed
-from ..core.errors import (
-    LocalError,
-    MalformedMessage,
-    RemoteError,
-    SequenceAhead,
-    UnknownKernel,
-)
+from ..broker.subscriber import Subscriber, TransportClosed
+from ..core.endings import Ending, malformed
+from ..core.errors import LocalError, MalformedMessage, SequenceAhead, UnknownKernel
 from ..core.frames import Frame
-from ..core.messages import DELIMITER, KernelMessage, Signer, split_identities
-from ..core.subscription import Overflow
+from ..core.messages import Signer
 from ..core.wire import Protocol, decode_incoming
-from ..tap import connect_dealer
-from .common import SETTINGS_KEY, Services, discarded_notice, parse_seq
+from ..kernel_sockets import KernelChannels
+from .common import KERNEL_ACTION, SETTINGS_KEY, Services, discarded_notice, parse_seq
+from .sessions import KernelSession
 
-__all__ = [
-    "CLOSE_KERNEL_GONE",
-    "CLOSE_MALFORMED",
-    "CLOSE_SLOW",
-    "ChannelsHandler",
-    "StreamChannelsConnection",
-    "close_subscribers",
-]
+__all__ = ["ChannelsHandler", "StreamChannelsConnection"]
 
-CLOSE_MALFORMED = 1007
-CLOSE_KERNEL_GONE = 1001
-CLOSE_SLOW = 4008
-CLOSE_LINGER_MS = 5000
-#: Seconds a first request waits for the kernel to know the connection's stdin identity.
-STDIN_HANDSHAKE_TIMEOUT = 5.0
+#: Requests a connection holds while its kernel restarts (then it is closed as too busy).
+MAX_HELD_REQUESTS = 1000
+CLOSE_TRY_AGAIN_LATER = 1013
 
 
 class ConnectionSession:
@@ -92,11 +72,6 @@ class ConnectionSession:
     def bsession(self) -> bytes:
         return self.session.encode()
 
-    def send_raw(self, socket: Any, parts: list[bytes]) -> None:
-        """Send ``[header, parent, metadata, content, *buffers]``, signed."""
-        assert self.signer is not None, "prepare() sets the signer"
-        socket.send_multipart([DELIMITER, self.signer.sign(parts), *parts])
-
 
 class StreamChannelsConnection(BaseKernelWebsocketConnection):
     """One client's channels connection; ``ServerApp.kernel_websocket_connection_class``."""
@@ -112,13 +87,11 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.channels: dict[str, Any] = {}
         self.subscriber: Subscriber | None = None
+        self.kernel_session: KernelSession | None = None
+        #: Requests waiting for the Tap (a restart) or the stdin handshake, in order.
         self._held: list[tuple[str, list[bytes]]] = []
-        #: The Tap's ``ready`` future that held requests wait on, if any.
-        self._waiting_for: asyncio.Future[None] | None = None
-        #: The stdin socket's monitor until the kernel knows our identity.
-        self._stdin_monitor: ZMQStream | None = None
+        self._releasing: asyncio.Future[None] | None = None
         self._closed = False
         self._counted = False
 
@@ -134,6 +107,12 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
     @property
     def session_key(self) -> str:
         return f"{self.kernel_id}:{self.session_id}"
+
+    @property
+    def channels(self) -> dict[str, Any]:
+        """The session's open kernel sockets by channel (none until a first request)."""
+        channels = self.kernel_session.channels if self.kernel_session else None
+        return dict(channels.streams) if channels is not None else {}
 
     async def prepare(self) -> None:
         """Before the upgrade: make sure the kernel is tapped and its IOPub subscription live."""
@@ -156,7 +135,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         # later finds everything it has to undo.
         stale = self._open_sessions.get(self.session_key)
         if stale is not None:
-            self.log.warning("Replacing stale connection %s", self.session_key)
+            self.log.info("Replacing the stale connection of session %s", self.session_key)
             stale.websocket_handler.close()
             stale.disconnect()
         self._open_sessions[self.session_key] = self
@@ -164,13 +143,21 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         # one for the client's delayed ACK (~40 ms on Linux).
         self.websocket_handler.set_nodelay(True)
         self._shed_upgrade_state()
-        queue = self.services.new_queue(since or 0)
+        services = self.services
         self.subscriber = Subscriber(
-            self.kernel_id, self.services.broker, self.services.store, self, queue
+            self.kernel_id,
+            services.broker,
+            services.store,
+            self,
+            services.new_queue(since or 0),
+            limits=services.replay,
+            registry=services.subscribers,
         )
+        self.kernel_session = services.sessions.get(self.tap, self.session_id)
+        held = self.kernel_session.attach(self)
         self.multi_kernel_manager.notify_connect(self.kernel_id)
         self._counted = True
-        await self.subscriber.start(since)
+        await self.subscriber.start(since, held)
 
     def _shed_upgrade_state(self) -> None:
         """Drop what only the upgrade needed and every connection would otherwise keep for
@@ -202,57 +189,14 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
                 self.services.store.save_cursor(
                     self.kernel_id, self.session_id, self.subscriber.last_seq
                 )
-        self._stdin_handshaken()
-        if self._held and self.tap.ready.done():
+        if self._held and self._gate_open():
             # Sent just before the client left: it cannot answer input any more, but the
             # request still runs and its output is recorded.
-            held, self._held = self._held, []
-            for channel, parts in held:
-                self._send(channel, parts)
-        elif self._held:
-            self.log.warning(
-                "Dropping %d request(s) of %s: the client left while the kernel restarted",
-                len(self._held),
-                self.session_key,
-            )
-            self._held = []
-        for stream in self.channels.values():
-            if not stream.closed():
-                stream.on_recv(None)
-                # Linger: a request sent just before the client left still reaches the
-                # kernel (its output is recorded with nobody watching).
-                stream.close(linger=CLOSE_LINGER_MS)
-        self.channels = {}
-
-    def _open_channels(self) -> None:
-        """The connection's shell, control and stdin DEALERs, at its first request."""
-        identity = self.session.bsession
-        info = self.kernel_manager.get_connection_info()
-        context = self.services.taps.context
-        for channel in ("shell", "control", "stdin"):
-            stream, monitor = connect_dealer(context, info, channel, identity)
-            stream.channel = channel  # type: ignore[attr-defined]
-            stream.on_recv_stream(self.handle_outgoing_message)
-            self.channels[channel] = stream
-            if channel == "stdin":
-                self._stdin_monitor = ZMQStream(monitor)
-                self._stdin_monitor.on_recv(lambda _: self._stdin_handshaken(release=True))
-            else:
-                stream.socket.disable_monitor()
-                monitor.close(linger=0)
-        # If the kernel never answers the handshake (it died), send after a while anyway.
-        loop = asyncio.get_running_loop()
-        loop.call_later(STDIN_HANDSHAKE_TIMEOUT, self._stdin_handshaken, True)
-
-    def _stdin_handshaken(self, release: bool = False) -> None:
-        monitor, self._stdin_monitor = self._stdin_monitor, None
-        if monitor is not None:
-            stdin = self.channels.get("stdin")
-            if stdin is not None and not stdin.closed():
-                stdin.socket.disable_monitor()
-            monitor.close(linger=0)
-        if release:
-            self._release_held(None)
+            self._release()
+        if self.kernel_session is not None:
+            # A named session keeps its sockets for a while; requests still held are sent
+            # once the kernel is ready (the release task does not need this connection).
+            self.kernel_session.detach(self, keep=self.client_session)
 
     # -- client -> kernel ----------------------------------------------------------
 
@@ -262,67 +206,68 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         try:
             message = decode_incoming(incoming_msg, self.protocol)
         except MalformedMessage as error:
-            self.log.warning("Closing %s: %s", self.session_key, error)
-            self._close(CLOSE_MALFORMED, {"reason": "malformed_message", "message": str(error)})
+            self.log.info("Closing %s: %s", self.session_key, error)
+            self.end(malformed(str(error)))
             return
         allowed = self.multi_kernel_manager.allowed_message_types
         if allowed and message.msg_type not in allowed:
             self.log.warning("Ignoring message of type %r, not allowed", message.msg_type)
             return
-        if not self.channels:
-            self._open_channels()
-        if self._can_send() and not self._held:
+        assert self.kernel_session is not None
+        self.kernel_session.open(self.session.bsession)
+        if self._gate_open() and not self._held:
             self._send(message.channel, message.parts)
             return
         # Hold requests until the Tap sees IOPub (it is resubscribing after a restart), so
         # the output they cause is recorded, and until the stdin socket is known to the
         # kernel, so the input_request they cause arrives.
+        if len(self._held) >= MAX_HELD_REQUESTS:
+            self.end(Ending("too_many_requests", None, CLOSE_TRY_AGAIN_LATER))
+            return
         self._held.append((message.channel, message.parts))
-        self._release_when_ready()
+        if self._releasing is None:
+            self._releasing = asyncio.ensure_future(self._release_when_ready())
 
-    def _can_send(self) -> bool:
-        return self.tap.ready.done() and self._stdin_monitor is None
+    def _channels(self) -> KernelChannels | None:
+        return self.kernel_session.channels if self.kernel_session is not None else None
 
-    def _release_when_ready(self) -> None:
-        """Release the held requests when the Tap is ready: once per ``ready`` future, which
-        a kernel restart replaces while requests wait."""
-        ready = self.tap.ready
-        if not ready.done() and self._waiting_for is not ready:
-            self._waiting_for = ready
-            ready.add_done_callback(self._release_held)
+    def _gate_open(self) -> bool:
+        channels = self._channels()
+        return self.tap.ready.done() and channels is not None and channels.ready.done()
 
-    def _release_held(self, _: Any) -> None:
-        if self._closed:
-            return
-        if not self._can_send():
-            self._release_when_ready()  # the stdin handshake or a new ready releases them
-            return
+    async def _release_when_ready(self) -> None:
+        """Send the held requests once the Tap is ready (a restart replaces its ``ready``
+        future while requests wait) and the stdin handshake is done."""
+        try:
+            while not self._gate_open():
+                channels = self._channels()
+                if channels is None or channels.closed:
+                    return  # the session closed (its kernel shut down): nothing to send on
+                waiting = self.tap.ready if not self.tap.ready.done() else channels.ready
+                await asyncio.shield(waiting)
+            self._release()
+        finally:
+            self._releasing = None
+
+    def _release(self) -> None:
         held, self._held = self._held, []
         for channel, parts in held:
             self._send(channel, parts)
 
     def _send(self, channel: str, parts: list[bytes]) -> None:
-        stream = self.channels.get(channel)
-        if stream is not None and not stream.closed():
-            # Straight to the socket, not through ZMQStream's send queue, which a close
-            # right after would discard.
-            self.session.send_raw(stream.socket, parts)
+        channels = self._channels()
+        if channels is not None:
+            channels.send(channel, parts, self.tap.signer)
 
     # -- kernel -> client (shell, control, stdin replies) ------------------------------
 
+    def deliver(self, frame: Frame) -> None:
+        """A reply to one of this client's requests (from its :class:`KernelSession`)."""
+        if self.subscriber is not None and not self._closed:
+            self.subscriber.reply(frame, time.monotonic())
+
     def handle_outgoing_message(self, stream: Any, outgoing_msg: list[Any]) -> None:
-        if self.subscriber is None or self._closed:
-            return
-        try:
-            _, rest = split_identities([bytes(part) for part in outgoing_msg])
-            if len(rest) < 5:
-                raise MalformedMessage("reply too short")
-            self.signer.verify(rest[0], rest[1:5])
-            message = KernelMessage.from_parts(rest[1:])
-        except RemoteError as error:
-            self.log.warning("Dropped an invalid %s reply: %s", stream.channel, error)
-            return
-        self.subscriber.reply(Frame.reply(stream.channel, message), time.monotonic())
+        """Unused: replies come through :meth:`deliver` (the ABC requires the method)."""
 
     # -- Transport, for the Subscriber ------------------------------------------------
 
@@ -357,22 +302,11 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
     def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
         return discarded_notice(first_seq, last_seq, self.session_id or "")
 
-    def overflowed(self, overflow: Overflow) -> None:
-        self.log.warning(
-            "Disconnecting %s: %s (last seq %s)",
-            self.session_key,
-            overflow.reason,
-            overflow.last_seq,
-        )
-        self._close(CLOSE_SLOW, {"reason": "slow_consumer", "last_seq": overflow.last_seq})
-
-    def kernel_gone(self) -> None:
-        last_seq = self.subscriber.last_seq if self.subscriber is not None else 0
-        self._close(CLOSE_KERNEL_GONE, {"reason": "kernel_shutdown", "last_seq": last_seq})
-
-    def _close(self, code: int, reason: dict[str, Any]) -> None:
-        text = json.dumps(reason, separators=(",", ":"))
-        self.websocket_handler.close(code, text[:123])
+    def end(self, ending: Ending) -> None:
+        if ending.reason == "slow_consumer":
+            self.log.info("Disconnecting %s: %s (last seq %s)", self.session_key,
+                          ending.message, ending.last_seq)  # fmt: skip
+        self.websocket_handler.close(ending.code, ending.close_reason())
 
 
 class ChannelsHandler(KernelWebsocketHandler):
@@ -389,7 +323,8 @@ class ChannelsHandler(KernelWebsocketHandler):
         services: Services = self.settings[SETTINGS_KEY]
         # Authorize before saying anything about the kernel (pre_get does it again).
         user = self.current_user
-        if not await ensure_async(self.authorizer.is_authorized(self, user, "execute", "kernels")):
+        allowed = self.authorizer.is_authorized(self, user, KERNEL_ACTION, "kernels")
+        if not await ensure_async(allowed):
             raise web.HTTPError(403)
         try:
             self.since = parse_seq("since", self.get_argument("since", None))
@@ -410,23 +345,14 @@ class ChannelsHandler(KernelWebsocketHandler):
             self.connection.disconnect()
             self.connection = None
 
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        """As tornado's, without the request's URI, which may carry ``?token=``."""
+        if not isinstance(value, web.HTTPError):
+            kernel_id = self.path_kwargs.get("kernel_id")
+            self.log.error("Uncaught exception in the channels socket of %s", kernel_id,
+                           exc_info=(typ, value, tb))  # fmt: skip
+
 
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
-
-
-#: Seconds a client of a kernel that shut down gets to receive what was queued for it.
-END_DRAIN_SECONDS = 10.0
-
-
-def close_subscribers(kernel_id: str, subscribers: list[Subscriber]) -> None:
-    """TapManager ``on_close`` callback: send each client what is queued for it (the
-    kernel's last output), then tell it the kernel is gone."""
-    for subscriber in subscribers:
-        task = asyncio.ensure_future(subscriber.end(END_DRAIN_SECONDS))
-        _ending.add(task)  # asyncio keeps only weak references to running tasks
-        task.add_done_callback(_ending.discard)
-
-
-_ending: set[asyncio.Future[None]] = set()

@@ -1,46 +1,93 @@
-"""Helpers shared by the handlers: the gateway's services and parameter parsing."""
+"""What every handler shares: the gateway's services, authorization, errors, parsing.
+
+Authorization follows jupyter_server's own kernel WebSocket: ``execute`` on ``kernels``
+for everything that sends to a kernel or reads its output (the channels socket, SSE, the
+transcript, the execute API); the health endpoint is ``read`` on ``api``, like
+``/api/status``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from jupyter_server.auth.decorator import authorized
 from tornado import web
 
 from ..broker.base import Broker
-from ..core.errors import BadRequest, LocalError
+from ..broker.subscriber import ReplayLimits, SubscriberRegistry
+from ..core.errors import BadRequest, LocalError, MethodNotAllowed, PayloadTooLarge
 from ..core.frames import Frame, SharedMerges
-from ..core.messages import KernelMessage
+from ..core.health import ComponentHealth
+from ..core.messages import KernelMessage, load_json_object
 from ..core.subscription import SubscriberQueue
+from ..kernel_sockets import KernelSockets
 from ..stores.base import TranscriptStore
 from ..tap import TapManager
+from .sessions import SessionRegistry
+
+if TYPE_CHECKING:
+    from ..executions import ExecutionManager
 
 __all__ = [
     "SETTINGS_KEY",
+    "QueuePolicy",
     "Services",
     "ServicesMixin",
     "discarded_notice",
+    "json_body",
     "parse_msg_types",
     "parse_seq",
+    "parse_timeout",
+    "requires",
 ]
 
 SETTINGS_KEY = "kernel_gateway_stream"
+#: The action jupyter_server's kernel WebSocket requires, for all that reaches a kernel.
+KERNEL_ACTION = "execute"
+#: Seconds a client of a kernel that shut down (or of a gateway that stops) gets to
+#: receive what was queued for it.
+END_DRAIN_SECONDS = 10.0
+
+log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass
+class QueuePolicy:
+    """The limits of every subscriber's queue (``GatewayStreamApp`` traits)."""
+
+    max_bytes: int = 32 * 1024 * 1024
+    max_lag: float = 60.0
+    merge_max_bytes: int = 1024 * 1024
+
+
+@dataclass
 class Services:
     """What the application hands its handlers, under ``settings[SETTINGS_KEY]``."""
 
     store: TranscriptStore
     broker: Broker
     taps: TapManager
-    subscriber_options: dict[str, Any]
+    sockets: KernelSockets
+    sessions: SessionRegistry
+    executions: ExecutionManager
+    policy: QueuePolicy = field(default_factory=QueuePolicy)
+    replay: ReplayLimits = field(default_factory=ReplayLimits)
+    subscribers: SubscriberRegistry = field(default_factory=SubscriberRegistry)
     #: Seconds between SSE keep-alive comments.
     sse_heartbeat: float = 15.0
+    #: Largest request body the gateway's own endpoints take.
+    max_request_bytes: int = 10 * 1024 * 1024
     #: Merges of queued frames, shared by the subscribers that are behind together.
     merges: SharedMerges = field(default_factory=SharedMerges)
+    #: Tasks ending subscribers (asyncio keeps only weak references to running tasks).
+    _ending: set[asyncio.Future[None]] = field(default_factory=set)
 
     def new_queue(
         self,
@@ -49,21 +96,55 @@ class Services:
         parent: str | None = None,
         msg_types: frozenset[str] | None = None,
     ) -> SubscriberQueue:
-        """A subscriber queue with the configured limits (``subscriber_options``)."""
-        options = self.subscriber_options
+        """A subscriber queue with the configured limits."""
+        policy = self.policy
         return SubscriberQueue(
             since=since,
-            max_bytes=options["max_bytes"],
-            max_lag=options["max_lag"],
-            merge_max_bytes=options["merge_max_bytes"],
+            max_bytes=policy.max_bytes,
+            max_lag=policy.max_lag,
+            merge_max_bytes=policy.merge_max_bytes,
             merges=self.merges,
             parent=parent,
             msg_types=msg_types,
         )
 
+    def kernel_closed(self, kernel_id: str, head: int) -> None:
+        """TapManager ``on_close``: the kernel shut down at ``head``. Its sessions close;
+        each client gets what was queued for it (a client still catching up, what is left
+        up to ``head``), then ``kernel_shutdown``."""
+        self.sessions.close_kernel(kernel_id)
+        for subscriber in self.subscribers.of(kernel_id):
+            self._finish(subscriber.finish("kernel_shutdown", END_DRAIN_SECONDS, head))
+
+    async def gateway_stopping(self, timeout: float) -> None:
+        """Every client gets what is queued for it, then ``gateway_shutdown`` with the last
+        seq it was sent; at most ``timeout`` seconds in all."""
+        finishing = [s.finish("gateway_shutdown", timeout, None) for s in list(self.subscribers)]
+        if finishing:
+            await asyncio.wait([asyncio.ensure_future(f) for f in finishing], timeout=timeout)
+
+    def _finish(self, finishing: Any) -> None:
+        task = asyncio.ensure_future(finishing)
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    def health(self) -> list[ComponentHealth]:
+        broker = self.broker.health()
+        details = {
+            **broker.details,
+            "subscribers": len(self.subscribers),
+            **self.sessions.stats(),
+        }
+        return [
+            self.store.health(),
+            self.taps.health(),
+            ComponentHealth("broker", broker.state, broker.reason, details),
+        ]
+
 
 class ServicesMixin:
-    """For handlers: the gateway's services, and the JSON answer to a caller's error."""
+    """For handlers: the gateway's services, JSON errors, and 405 for what they do not
+    serve (with a JSON reason, as every error of ours)."""
 
     #: jupyter_server's authorizer guards every handler of ours as the kernels resource.
     auth_resource = "kernels"
@@ -77,8 +158,95 @@ class ServicesMixin:
     def write_error_json(self, error: LocalError) -> None:
         """Finish the request with ``error``'s status and ``{"reason", "message"}``."""
         handler: Any = self
+        handler.clear_header("Content-Type")
         handler.set_status(error.status)
+        handler.set_header("Content-Type", "application/json")
+        if error.status == 405:
+            handler.set_header("Allow", ", ".join(self._served()))
         handler.finish(json.dumps(error.to_json()))
+
+    def _served(self) -> list[str]:
+        """The methods this handler serves (those it does not fall back to 405 for)."""
+        cls = type(self)
+        fallback = ServicesMixin._not_allowed
+        return [
+            method
+            for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
+            if getattr(cls, method.lower()) is not fallback
+        ]
+
+    async def _not_allowed(self, *args: Any, **kwargs: Any) -> None:
+        handler: Any = self
+        served = ", ".join(self._served())
+        self.write_error_json(
+            MethodNotAllowed(f"{handler.request.method} is not served here; use {served}")
+        )
+
+    get = post = put = patch = delete = _not_allowed  # type: ignore[assignment]
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        """As tornado's, without the request's URI, which may carry ``?token=``."""
+        handler: Any = self
+        if isinstance(value, web.HTTPError):
+            return
+        log.error("Uncaught exception in %s %s", handler.request.method,
+                  type(handler).__name__, exc_info=(typ, value, tb))  # fmt: skip
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def requires(action: str) -> Callable[[F], F]:
+    """jupyter_server's ``@authorized(action)``, typed: the handler's ``auth_resource``."""
+    return cast(Callable[[F], F], authorized(action))
+
+
+def json_body(handler: Any) -> dict[str, Any]:
+    """The request body as a strict JSON object (no NaN or Infinity).
+
+    Raises:
+        PayloadTooLarge: it was over the limit (see :class:`LimitedBodyMixin`).
+        BadRequest: not a JSON object.
+    """
+    if getattr(handler, "body_too_large", False):
+        services: Services = handler.settings[SETTINGS_KEY]
+        raise PayloadTooLarge(f"the request body is over {services.max_request_bytes} bytes")
+    raw = b"".join(getattr(handler, "body_chunks", [])) or handler.request.body or b"{}"
+    try:
+        return load_json_object(raw, "the request body")
+    except Exception as error:
+        raise BadRequest(str(error)) from None
+
+
+class LimitedBodyMixin:
+    """Takes a request body only up to ``Services.max_request_bytes``: a larger one is
+    refused before the gateway holds it (413), however it is sent (Content-Length or
+    chunked). The handler class must be decorated with ``tornado.web.stream_request_body``
+    (its body then arrives through :meth:`data_received`)."""
+
+    settings: dict[str, Any]
+    request: Any
+    body_chunks: list[bytes]
+    body_too_large = False
+    _body_size = 0
+
+    async def prepare(self) -> None:
+        self.body_chunks = []
+        limit = self.settings[SETTINGS_KEY].max_request_bytes
+        length = self.request.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            self.body_too_large = True
+        await super().prepare()  # type: ignore[misc]  # APIHandler.prepare
+
+    def data_received(self, chunk: bytes) -> None:
+        if self.body_too_large:
+            return
+        self._body_size += len(chunk)
+        if self._body_size > self.settings[SETTINGS_KEY].max_request_bytes:
+            self.body_too_large = True
+            self.body_chunks = []
+            return
+        self.body_chunks.append(chunk)
 
 
 def parse_seq(name: str, value: str | None) -> int | None:
@@ -89,13 +257,23 @@ def parse_seq(name: str, value: str | None) -> int | None:
     """
     if value is None or value == "":
         return None
-    try:
-        number = int(value)
-    except ValueError:
-        raise BadRequest(f"{name} must be a non-negative integer, got {value!r}") from None
-    if number < 0:
-        raise BadRequest(f"{name} must be a non-negative integer, got {value!r}")
-    return number
+    if not value.isdigit() or len(value) > 18:
+        raise BadRequest(f"{name} must be a non-negative integer, got {value[:40]!r}")
+    return int(value)
+
+
+def parse_timeout(value: Any) -> float | None:
+    """An execution's ``timeout``: a positive, finite number of seconds, or None.
+
+    Raises:
+        BadRequest: anything else (a string, a boolean, zero, negative, NaN, Infinity).
+    """
+    if value is None:
+        return None
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not is_number or not math.isfinite(value) or value <= 0:
+        raise BadRequest("'timeout' must be a positive number of seconds, or null")
+    return float(value)
 
 
 def discarded_notice(first_seq: int, last_seq: int, session: str) -> Frame:

@@ -8,59 +8,54 @@ then live, with no gap or duplicate. Filters: ``parent`` (one execution's msg_id
 ``msg_type`` (repeatable or comma-separated).
 
 A comment line every ``GatewayStreamApp.sse_heartbeat_interval`` seconds keeps proxies from
-closing a quiet stream. The stream ends with a last event of its own:
-
-* ``slow_consumer`` ``{"reason", "last_seq"}``: the reader fell too far behind; resume
-  with ``Last-Event-ID: last_seq``.
-* ``kernel_shutdown`` ``{}``: the kernel shut down.
+closing a quiet stream. The stream ends with a last event of its own, named after its
+reason, with data ``{"reason", "last_seq"}`` (see :mod:`..core.endings`):
+``slow_consumer`` (resume with ``Last-Event-ID: last_seq``), ``kernel_shutdown``,
+``gateway_shutdown`` (the gateway is stopping; resume when it is back).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import Any
 
-from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.ioloop import PeriodicCallback
 from tornado.iostream import StreamClosedError
 
-from ..broker.base import Subscriber, TransportClosed
+from ..broker.subscriber import Subscriber, TransportClosed
+from ..core.endings import Ending
 from ..core.errors import LocalError, SequenceAhead, UnknownKernel
 from ..core.frames import Frame
-from ..core.subscription import Overflow
-from ..core.wire import Protocol, encode_sse
-from .common import ServicesMixin, discarded_notice, no_delay, parse_msg_types, parse_seq
+from ..core.wire import Protocol
+from .common import (
+    KERNEL_ACTION,
+    ServicesMixin,
+    discarded_notice,
+    no_delay,
+    parse_msg_types,
+    parse_seq,
+    requires,
+)
 
-__all__ = ["StreamHandler"]
+__all__ = ["SSEHandler", "StreamHandler"]
 
 CONTENT_TYPE = "text/event-stream"
+#: Seconds a stream that ended waits for its reader to take its last bytes before the
+#: connection is closed anyway.
+CLOSE_TIMEOUT = 5.0
 
 
-class StreamHandler(ServicesMixin, APIHandler):
-    """One SSE reader of one kernel; also its Subscriber's transport."""
+class SSEHandler(ServicesMixin, APIHandler):
+    """A Server-Sent Events response that follows one kernel; also its Subscriber's
+    transport. Subclasses say which request starts it."""
 
     #: How frames are written: the full message (``SSE``) or normalized (``EXECUTION``).
     encoding = Protocol.SSE
     _streaming = False
     _ended = False
-
-    @web.authenticated
-    @authorized
-    async def get(self, kernel_id: str) -> None:
-        last_event_id = self.request.headers.get("Last-Event-ID")
-        try:
-            since = parse_seq("since", self.get_argument("since", None) or last_event_id)
-            msg_types = parse_msg_types(self.get_arguments("msg_type"))
-            parent = self.get_argument("parent", None) or None
-            subscriber = await self._subscribe(kernel_id, since, parent, msg_types)
-        except LocalError as error:
-            self.write_error_json(error)
-            return
-        await self._stream(since, subscriber)
 
     async def _stream(self, since: int | None, subscriber: Subscriber) -> None:
         """Send the events until the stream ends (the reader leaves, or an end event)."""
@@ -79,9 +74,18 @@ class StreamHandler(ServicesMixin, APIHandler):
         finally:
             heartbeat.stop()
             subscriber.close()
+            if self._flushing is not None:
+                self._flushing.cancel()
         if not self._finished:
             with contextlib.suppress(StreamClosedError):  # the reader may be gone already
-                self.finish()
+                finished = self.finish()
+                # A reader that does not read even its last event would keep the connection
+                # and tornado's buffer for ever (WebSockets get tornado's close timeout).
+                try:
+                    await asyncio.wait_for(asyncio.shield(finished), CLOSE_TIMEOUT)
+                except asyncio.TimeoutError:
+                    connection: Any = self.request.connection
+                    connection.stream.close()
 
     async def _subscribe(
         self,
@@ -95,10 +99,32 @@ class StreamHandler(ServicesMixin, APIHandler):
         tap = await self.services.taps.ensure(kernel_id)
         if since is not None and since > tap.head:
             raise SequenceAhead(since, tap.head)
-        queue = self.services.new_queue(since or 0, parent=parent, msg_types=msg_types)
-        broker, store = self.services.broker, self.services.store
-        self.subscriber = Subscriber(kernel_id, broker, store, self, queue)
+        services = self.services
+        queue = services.new_queue(since or 0, parent=parent, msg_types=msg_types)
+        self.subscriber = Subscriber(
+            kernel_id,
+            services.broker,
+            services.store,
+            self,
+            queue,
+            limits=services.replay,
+            registry=services.subscribers,
+        )
         return self.subscriber
+
+    def last_event_id(self) -> int | None:
+        """Where to resume: the ``Last-Event-ID`` header or ``?since=``, whichever is later.
+        A browser's EventSource keeps the URL it was opened with (``?since=0``, say) and
+        sends the header when it reconnects: the header is the newer of the two.
+
+        Raises:
+            BadRequest: either is not a sequence number.
+        """
+        since = parse_seq("since", self.get_argument("since", None))
+        header = parse_seq("Last-Event-ID", self.request.headers.get("Last-Event-ID"))
+        if since is None or header is None:
+            return header if since is None else since
+        return max(since, header)
 
     def finish(self, *args: Any, **kwargs: Any) -> Any:
         if self._streaming:
@@ -131,22 +157,44 @@ class StreamHandler(ServicesMixin, APIHandler):
     def discarded(self, first_seq: int, last_seq: int) -> Frame | None:
         return discarded_notice(first_seq, last_seq, "")
 
-    def overflowed(self, overflow: Overflow) -> None:
-        self._final("slow_consumer", {"reason": overflow.reason, "last_seq": overflow.last_seq})
-
-    def kernel_gone(self) -> None:
-        self._final("kernel_shutdown", {})
-
-    def _final(self, event: str, data: dict[str, Any]) -> None:
+    def end(self, ending: Ending) -> None:
         if self.is_open():
-            self.write(encode_sse(event, None, json.dumps(data).encode()))
+            self.write(ending.sse_event())
         self._end()
 
     def _end(self) -> None:
         self._ended = True
         self._done.set()
 
+    _flushing: asyncio.Future[None] | None = None
+
     def _heartbeat(self) -> None:
-        if self.is_open():
-            self.write(b": keepalive\n\n")
-            self.flush()
+        if not self.is_open():
+            return
+        if self._flushing is not None and not self._flushing.done():
+            return  # the reader is not reading: its queue's limits deal with it
+        self.write(b": keepalive\n\n")
+        self._flushing = asyncio.ensure_future(self.flush())
+        self._flushing.add_done_callback(_retrieve)
+
+
+class StreamHandler(SSEHandler):
+    """``GET /api/kernels/{id}/stream``: one SSE reader of one kernel's IOPub."""
+
+    @web.authenticated
+    @requires(KERNEL_ACTION)
+    async def get(self, kernel_id: str) -> None:  # type: ignore[override]
+        try:
+            since = self.last_event_id()
+            msg_types = parse_msg_types(self.get_arguments("msg_type"))
+            parent = self.get_argument("parent", None) or None
+            subscriber = await self._subscribe(kernel_id, since, parent, msg_types)
+        except LocalError as error:
+            self.write_error_json(error)
+            return
+        await self._stream(since, subscriber)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -10,50 +10,25 @@ from __future__ import annotations
 
 import json
 
-from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from ..core.errors import BadRequest, LocalError, SequenceAhead, UnknownKernel
-from ..core.messages import Record
+from ..core.wire import encode_record_json
 from ..stores.base import TranscriptPage
-from .common import ServicesMixin, parse_seq
+from .common import KERNEL_ACTION, ServicesMixin, parse_seq, requires
 
-__all__ = ["TranscriptHandler", "record_json"]
+__all__ = ["TranscriptHandler"]
 
 MAX_LIMIT = 10000
-
-
-def record_json(record: Record) -> bytes:
-    """One record as JSON, assembled from the kernel's raw parts (no re-encode)."""
-    message = record.message
-    return b"".join(
-        [
-            b'{"seq":%d,"time":%s,"msg_type":' % (record.seq, repr(record.time).encode()),
-            json.dumps(message.msg_type).encode(),
-            b',"msg_id":',
-            json.dumps(message.msg_id).encode(),
-            b',"parent_msg_id":',
-            json.dumps(message.parent_msg_id).encode(),
-            b',"header":',
-            message.raw_header,
-            b',"parent_header":',
-            message.raw_parent_header,
-            b',"metadata":',
-            message.raw_metadata,
-            b',"content":',
-            message.raw_content,
-            b',"buffers":%d}' % len(message.buffers),
-        ]
-    )
 
 
 class TranscriptHandler(ServicesMixin, APIHandler):
     """Reads of a kernel's transcript."""
 
     @web.authenticated
-    @authorized
-    async def get(self, kernel_id: str) -> None:
+    @requires(KERNEL_ACTION)
+    async def get(self, kernel_id: str) -> None:  # type: ignore[override]
         try:
             await self._get(kernel_id)
         except LocalError as error:
@@ -69,7 +44,7 @@ class TranscriptHandler(ServicesMixin, APIHandler):
         if output not in ("json", "text"):
             raise BadRequest("format must be 'json' or 'text'")
         parent = self.get_argument("parent", None) or None
-        msg_types = self.get_arguments("msg_type") or None
+        msg_types = [name for value in self.get_arguments("msg_type") for name in value.split(",")]
         store = self.services.store
         running = kernel_id in self.kernel_manager
         if running:
@@ -84,7 +59,7 @@ class TranscriptHandler(ServicesMixin, APIHandler):
         if output == "text":
             await self._text(kernel_id, since, head, parent)
             return
-        page = await store.read(kernel_id, since, limit, parent=parent, msg_types=msg_types)
+        page = await store.read(kernel_id, since, limit, parent=parent, msg_types=msg_types or None)
         self._json(kernel_id, page, since, running)
 
     def _json(self, kernel_id: str, page: TranscriptPage, since: int, running: bool) -> None:
@@ -104,7 +79,7 @@ class TranscriptHandler(ServicesMixin, APIHandler):
                 "discarded": discarded,
             }
         ).encode()
-        body = b",".join(record_json(record) for record in page.records)
+        body = b",".join(encode_record_json(record) for record in page.records)
         self.finish(head[:-1] + b',"records":[' + body + b"]}")
 
     async def _text(self, kernel_id: str, since: int, head: int, parent: str | None) -> None:
@@ -117,7 +92,15 @@ class TranscriptHandler(ServicesMixin, APIHandler):
             )
             if not page.records:
                 break
-            self.write("".join(record.message.text or "" for record in page.records))
+            self.write(utf8("".join(record.message.text or "" for record in page.records)))
             await self.flush()
             cursor = page.records[-1].seq
         self.finish(set_content_type="text/plain; charset=utf-8")
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (a kernel may send one) becomes U+FFFD."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode()

@@ -47,19 +47,43 @@ class Daemon:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {TOKEN}"}
 
-    def start(self) -> None:
-        env = dict(os.environ)
-        env.update(
+    def start(self, *args: str, env: dict[str, str] | None = None) -> None:
+        """Start it, with extra command-line ``args`` and environment ``env``."""
+        environment = dict(os.environ)
+        environment.update(
             JUPYTER_TOKEN=TOKEN,
             JUPYTER_DATA_DIR=str(self.home / "data"),
             JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
             JUPYTER_CONFIG_DIR=str(self.home / "config"),
         )
-        argv = [sys.executable, "-m", "kernel_gateway_stream", f"--port={self.port}"]
+        environment.update(env or {})
+        argv = [sys.executable, "-m", "kernel_gateway_stream", f"--port={self.port}", *args]
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+            self.process = subprocess.Popen(
+                argv, env=environment, stdout=log, stderr=log, stdin=subprocess.DEVNULL
+            )
 
-    async def wait_ready(self) -> None:
+    @property
+    def transcript_path(self) -> Path:
+        return self.home / "data" / "kernel_gateway_stream" / "transcripts.sqlite3"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kernel_pids(self) -> list[int]:
+        """The processes the daemon started (its kernels)."""
+        assert self.process is not None
+        found = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        return [int(pid) for pid in found]
+
+    async def start_kernel(self, name: str | None = None) -> str:
+        body = json.dumps({"name": name} if name else {})
+        kernel: dict[str, Any] = await self.fetch("/api/kernels", method="POST", body=body)
+        return str(kernel["id"])
+
+    async def wait_ready(self, headers: dict[str, str] | None = None) -> None:
         client = AsyncHTTPClient()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds(60)
@@ -67,7 +91,7 @@ class Daemon:
             assert self.process is not None
             assert self.process.poll() is None, self.log.read_text()
             try:
-                await client.fetch(f"{self.url}/api", headers=self.headers)
+                await client.fetch(f"{self.url}/api/kernels", headers=headers or self.headers)
                 return
             except (ConnectionError, OSError, HTTPClientError):
                 await asyncio.sleep(0.2)
@@ -100,9 +124,11 @@ class Daemon:
             return json.loads(response.body)
         return response.body.decode()
 
-    async def channels(self, kernel_id: str, **options: Any) -> KernelWS:
+    async def channels(
+        self, kernel_id: str, headers: dict[str, str] | None = None, **options: Any
+    ) -> KernelWS:
         url = f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-        return await KernelWS.open(url, self.headers, **options)
+        return await KernelWS.open(url, headers or self.headers, **options)
 
 
 @pytest.fixture

@@ -33,7 +33,9 @@ async def test_daemon_serves_kernels_not_files_and_needs_its_token(daemon: Daemo
 
 async def test_sigkilled_daemon_restarts_with_transcripts_and_numbering(daemon: Daemon) -> None:
     """Invariant 1 across a gateway restart: the transcript of a kernel recorded before a
-    SIGKILL is served after it, and numbering for that kernel id continues from its head."""
+    SIGKILL is served after it, and numbering for that kernel id continues above every
+    number it may have given out (its durable reservation), the skipped range one
+    explicit gap record."""
     daemon.start()
     await daemon.wait_ready()
     kernel = await daemon.fetch("/api/kernels", method="POST", body="{}")
@@ -54,14 +56,23 @@ async def test_sigkilled_daemon_restarts_with_transcripts_and_numbering(daemon: 
     assert text == expected
     after_restart = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?limit=1")
     assert after_restart["running"] is False
-    assert after_restart["head"] == before["head"]
-    # A kernel started under the same id numbers on from the recorded head.
+    head = after_restart["head"]
+    assert head > before["head"]
+    gap = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?since={before['head']}")
+    assert [r["msg_type"] for r in gap["records"]] == ["kernel_gateway_stream_gap"]
+    assert gap["records"][0]["seq"] == head
+    assert gap["records"][0]["content"] == {
+        "first_seq": before["head"] + 1,
+        "last_seq": head,
+        "reason": "gateway_stopped",
+    }
+    # A kernel started under the same id numbers on above the gap.
     await daemon.fetch("/api/kernels", method="POST", body=json.dumps({"kernel_id": kernel_id}))
     ws = await daemon.channels(kernel_id)
     msg_id = ws.execute("print('after the restart')")
     received = await ws.until_idle(msg_id)
     assert received.text() == "after the restart\n"
-    assert received.seq_ranges()[0][0] > before["head"]
-    page = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?since={before['head']}")
-    assert page["records"][0]["seq"] == before["head"] + 1
+    assert received.seq_ranges()[0][0] > head
+    page = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?since={head}")
+    assert page["records"][0]["seq"] == head + 1
     ws.close()

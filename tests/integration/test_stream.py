@@ -92,7 +92,9 @@ async def test_resume_by_last_event_id_mid_execution(
     seen = list(first.events)
     last_id = seen[-1].id
     assert last_id is not None
-    second = sse(kernel_id, f"parent={msg_id}", **{"Last-Event-ID": str(last_id)})
+    # As a browser's EventSource reconnects: its URL still says since=0, its header says
+    # where it got to. The header is the newer: nothing is sent twice.
+    second = sse(kernel_id, f"since=0&parent={msg_id}", **{"Last-Event-ID": str(last_id)})
     rest = await second.until_idle(msg_id)
     first_seq = rest[0].data["metadata"][SEQ_METADATA_KEY]["first_seq"]
     assert first_seq > last_id
@@ -188,7 +190,7 @@ async def test_slow_reader_gets_a_final_event_with_its_resume_point(
 ) -> None:
     """Invariant 3 over SSE: a reader that stops reading is ended with a final event that
     names the last seq it was sent; resuming from it loses nothing."""
-    services.subscriber_options["max_bytes"] = 4 * 1024 * 1024
+    services.policy.max_bytes = 4 * 1024 * 1024
     kernel_id = await start_kernel()
     base = jp_base_url.rstrip("/")
     raw = socket.create_connection(("127.0.0.1", jp_http_port))
@@ -200,9 +202,16 @@ async def test_slow_reader_gets_a_final_event_with_its_resume_point(
     line = "y" * 1000
     msg_id = ws.execute(f"for i in range(25000): print({line!r}, i, flush=True)")
     expected = "".join(f"{line} {i}\n" for i in range(25000))
-    assert (await ws.until_idle(msg_id, timeout=300)).text() == expected
-    raw.setblocking(False)
+    running = asyncio.ensure_future(ws.until_idle(msg_id, timeout=300))
+    # Once the gateway has cut the reader off (its subscriber is gone), it reads (not
+    # later: a stream whose reader does not take its last event within 5 s is closed).
+    reader = next(s for s in services.subscribers.of(kernel_id) if s.transport is not ws)
     loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(300)
+    while reader in services.subscribers.of(kernel_id):
+        assert loop.time() < deadline, "the stalled reader was never cut off"
+        await asyncio.sleep(0.05)
+    raw.setblocking(False)
     body = b""
     while True:
         chunk = await asyncio.wait_for(loop.sock_recv(raw, 1 << 20), seconds(60))
@@ -212,6 +221,7 @@ async def test_slow_reader_gets_a_final_event_with_its_resume_point(
         if b"event: slow_consumer" in body and body.endswith(b"0\r\n\r\n"):
             break
     raw.close()
+    assert (await running).text() == expected
     events, _, _ = parse_events(dechunk(body.split(b"\r\n\r\n", 1)[1]))
     assert events[-1].event == "slow_consumer"
     last_seq = events[-1].data["last_seq"]

@@ -1,0 +1,188 @@
+"""A client session's kernel channels, which outlive one WebSocket connection.
+
+jupyter_server keeps a session's ZMQ sockets across a reconnect and buffers their replies;
+a client that comes back with the same ``session_id`` gets the ``execute_reply`` that was
+sent while it was away (without it, JupyterLab shows the cell as ``[*]`` for ever). Here a
+:class:`KernelSession` holds, per kernel and session id:
+
+* the shell, control and stdin DEALERs (:class:`~..kernel_sockets.KernelChannels`), with
+  the session id as their identity, opened at the first request;
+* while no connection is attached, the replies the kernel sends: at most
+  ``max_replies`` and ``max_bytes``, each with the head of the kernel's IOPub transcript
+  when it came (:class:`~..core.handoff.HeldReply`), so the connection that comes back
+  gets them in place among the replayed output;
+* for ``grace`` seconds after the client dropped, then the sockets close.
+
+A connection of a client that did not name its session (no ``?session_id=``) cannot come
+back: its session closes with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from ..core.errors import RemoteError
+from ..core.frames import Frame
+from ..core.guards import withhold_traceback
+from ..core.handoff import HeldReply
+from ..core.messages import KernelMessage, Signer, split_identities
+from ..kernel_sockets import KernelChannels, KernelSockets
+from ..tap import KernelTap
+
+__all__ = ["KernelSession", "SessionRegistry"]
+
+#: Milliseconds a session's sockets linger when they close: a request sent just before
+#: the client left still reaches the kernel (its output is recorded with nobody watching).
+CLOSE_LINGER_MS = 5000
+
+
+class ReplyReceiver(Protocol):
+    """A connection attached to a session: it gets the replies to its requests."""
+
+    def deliver(self, frame: Frame) -> None: ...
+
+
+class KernelSession:
+    """One client session's channels to one kernel. Made by :class:`SessionRegistry`."""
+
+    def __init__(self, key: str, tap: KernelTap, registry: SessionRegistry) -> None:
+        self.key = key
+        self.tap = tap
+        self.registry = registry
+        self.channels: KernelChannels | None = None
+        self.receiver: ReplyReceiver | None = None
+        self.held: list[HeldReply] = []
+        self._held_bytes = 0
+        #: Replies dropped while held, past the bounds (counted; the client is told by
+        #: nothing else: its output is in the transcript, only the reply is lost).
+        self.dropped = 0
+        self._expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def signer(self) -> Signer:
+        return self.tap.signer
+
+    def open(self, identity: bytes) -> KernelChannels:
+        """The session's channels, opened at its first request."""
+        if self.channels is None or self.channels.closed:
+            info = self.tap.kernel_manager.get_connection_info()
+            self.channels = self.registry.sockets.channels(
+                info, identity, self._on_reply, handshake_timeout=self.registry.handshake_timeout
+            )
+        return self.channels
+
+    def attach(self, receiver: ReplyReceiver) -> list[HeldReply]:
+        """A connection takes the session over; returns the replies held for it."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self.receiver = receiver
+        held, self.held, self._held_bytes = self.held, [], 0
+        return held
+
+    def detach(self, receiver: ReplyReceiver, *, keep: bool) -> None:
+        """The connection went away; with ``keep`` (a named session) hold the channels and
+        their replies for the grace period, else close them now."""
+        if self.receiver is not receiver:
+            return  # a newer connection has the session already
+        self.receiver = None
+        if keep and self.registry.grace > 0 and not self.tap.closed:
+            loop = asyncio.get_running_loop()
+            self._expiry = loop.call_later(self.registry.grace, self.close)
+        else:
+            self.close()
+
+    def _on_reply(self, channel: str, frames: list[Any]) -> None:
+        try:
+            _, rest = split_identities([bytes(frame) for frame in frames])
+            if len(rest) < 5:
+                raise RemoteError("reply too short")
+            self.signer.verify(rest[0], rest[1:5])
+            message = KernelMessage.from_parts(rest[1:], repair=True)
+        except RemoteError as error:
+            self.registry.log.warning("Dropped an invalid %s reply: %s", channel, error)
+            return
+        manager = self.tap.manager
+        if not manager.tracebacks_allowed:
+            message = withhold_traceback(message, manager.traceback_replacement)
+        frame = Frame.reply(channel, message)
+        if self.receiver is not None:
+            self.receiver.deliver(frame)
+        elif (
+            len(self.held) < self.registry.max_replies
+            and self._held_bytes + frame.size <= self.registry.max_bytes
+        ):
+            self.held.append(HeldReply(self.tap.head, frame))
+            self._held_bytes += frame.size
+        else:
+            self.dropped += 1
+
+    def close(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.channels is not None:
+            self.channels.close(linger_ms=CLOSE_LINGER_MS)
+            self.channels = None
+        self.held = []
+        self._held_bytes = 0
+        self.registry.forget(self)
+
+
+class SessionRegistry:
+    """The sessions of every kernel, by ``kernel_id:session_id``."""
+
+    def __init__(
+        self,
+        sockets: KernelSockets,
+        log: Any,
+        *,
+        grace: float,
+        max_replies: int = 1000,
+        max_bytes: int = 8 * 1024 * 1024,
+        handshake_timeout: float = 5.0,
+    ) -> None:
+        self.sockets = sockets
+        self.log = log
+        #: Seconds a named session's channels outlive the connection that dropped.
+        self.grace = grace
+        self.max_replies = max_replies
+        self.max_bytes = max_bytes
+        self.handshake_timeout = handshake_timeout
+        self._sessions: dict[str, KernelSession] = {}
+
+    def get(self, tap: KernelTap, session_id: str) -> KernelSession:
+        key = f"{tap.kernel_id}:{session_id}"
+        session = self._sessions.get(key)
+        if session is None or session.tap is not tap:
+            if session is not None:
+                session.close()  # the kernel's Tap was replaced: its channels are stale
+            session = self._sessions[key] = KernelSession(key, tap, self)
+        return session
+
+    def forget(self, session: KernelSession) -> None:
+        if self._sessions.get(session.key) is session:
+            del self._sessions[session.key]
+
+    def held(self) -> list[str]:
+        """The sessions whose client is away (their channels and replies are held)."""
+        return [key for key, session in self._sessions.items() if session.receiver is None]
+
+    def close_kernel(self, kernel_id: str) -> None:
+        """The kernel shut down: close its sessions."""
+        for key, session in list(self._sessions.items()):
+            if key.startswith(f"{kernel_id}:"):
+                session.close()
+
+    def close(self) -> None:
+        for session in list(self._sessions.values()):
+            session.close()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "sessions": len(self._sessions),
+            "sessions_away": len(self.held()),
+            "replies_held": sum(len(s.held) for s in self._sessions.values()),
+            "replies_dropped": sum(s.dropped for s in self._sessions.values()),
+        }

@@ -1,0 +1,118 @@
+"""Keeping the gateway's secrets from its kernels and out of its logs.
+
+Code in a kernel is untrusted. What the gateway does so that a kernel does not find its
+token (DESIGN, "Trust"):
+
+* the variables that hold secrets (``JUPYTER_TOKEN`` and those the operator lists) and
+  any variable holding the token under another name are removed from the gateway's
+  environment before any kernel starts, so kernels do not inherit them, and filtered
+  again from each kernel's launch environment (a kernelspec may template them in:
+  :class:`~.kernels.StreamKernelManager`);
+* their values are overwritten in the process's initial environment block, which
+  ``/proc/<pid>/environ`` shows whatever ``os.environ`` became since (Linux);
+* the daemon marks itself not dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so a kernel
+  running as the same user cannot read its memory or environment through ``/proc`` or
+  ``ptrace`` (root can: run kernels as an unprivileged user);
+* the daemon's server-info file in the runtime directory omits the token.
+
+What remains (README, "Trust"): a kernel running as the gateway's own user can read the
+files that user can read, the gateway's configuration file included. Keep the token in
+the environment (``JUPYTER_TOKEN``), not on the command line (``ps`` shows it to every
+user) nor in a file kernels can read.
+
+:class:`RedactingFilter` keeps the token, and any ``token=`` query parameter, out of
+every log line (tornado logs a failing request's URI, ``?token=`` included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import sys
+from collections.abc import Collection
+
+__all__ = ["RedactingFilter", "forbid_dumping", "remove_secrets_from_environment"]
+
+_PR_SET_DUMPABLE = 4
+
+
+def remove_secrets_from_environment(names: Collection[str], values: Collection[str]) -> list[str]:
+    """Remove the variables ``names``, and any holding one of ``values``, from this
+    process's environment and wipe them from its initial environment block. Returns the
+    names removed."""
+    secrets = [value for value in values if value]
+    removed = [
+        name
+        for name, value in os.environ.items()
+        if name in names or any(secret in value for secret in secrets)
+    ]
+    wiped = {os.environ[name] for name in removed} | set(secrets)
+    for name in removed:
+        del os.environ[name]
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            _wipe_initial_environment(wiped)
+    return removed
+
+
+def _wipe_initial_environment(values: Collection[str]) -> None:
+    """Overwrite ``values`` wherever they appear in the block the kernel gave this
+    process at exec (``/proc/self/stat`` fields 50 and 51: env_start, env_end). Nothing
+    points into it once the variables are unset."""
+    with open("/proc/self/stat", "rb") as stat:
+        fields = stat.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])
+    if not 0 < start < end:
+        return
+    block = ctypes.string_at(start, end - start)
+    for value in values:
+        encoded = value.encode()
+        offset = block.find(encoded)
+        while offset != -1 and encoded:
+            ctypes.memset(start + offset, ord("x"), len(encoded))
+            offset = block.find(encoded, offset + len(encoded))
+
+
+def forbid_dumping() -> bool:
+    """Make this process not dumpable (Linux): its ``/proc/<pid>/`` files become root's,
+    and other processes of the same user cannot ptrace it. True if it took effect."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+_TOKEN_PARAMETER = re.compile(r"((?:token|auth|key|code|state|xsrf)[^=&\s]*=)[^&\s'\"]+", re.I)
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites a log record so that it holds none of ``secrets`` and no value of a
+    ``token=`` (or similar) URL parameter; attached to the log's handlers."""
+
+    def __init__(self, secrets: Collection[str]) -> None:
+        super().__init__()
+        self.secrets = [secret for secret in secrets if secret]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = self.redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        return True
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, "[secret]")
+        if "=" in text:
+            text = _TOKEN_PARAMETER.sub(r"\1[secret]", text)
+        return text

@@ -1,0 +1,131 @@
+"""Secrets: what code in a kernel can learn of the gateway's, and what the gateway writes.
+
+Code in a kernel is untrusted (agents run model-written code on kernels). With the
+gateway's token it could read, run code in and delete every other kernel. Items 1 and 5
+of the hardening issue, against a real daemon and a real ipykernel.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import uuid
+from typing import Any
+
+import pytest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from tornado.websocket import websocket_connect
+
+from ..integration.daemon import TOKEN, Daemon
+
+#: What a kernel does to find secrets: its environment, its own and its parent's initial
+#: environment blocks (/proc), and every file in the Jupyter runtime directory (where
+#: jupyter_server writes its server-info file, token included).
+HUNT = """
+import glob, json, os
+from jupyter_core.paths import jupyter_runtime_dir
+secrets = {secrets!r}
+found = []
+for name, value in os.environ.items():
+    found += [["env", name] for secret in secrets if secret in value]
+for path in ["/proc/self/environ", "/proc/%d/environ" % os.getppid(),
+             "/proc/self/cmdline", "/proc/%d/cmdline" % os.getppid()]:
+    try:
+        data = open(path, "rb").read()
+    except OSError:
+        continue
+    found += [[path] for secret in secrets if secret.encode() in data]
+for path in glob.glob(os.path.join(jupyter_runtime_dir(), "*")):
+    try:
+        data = open(path, "rb").read()
+    except OSError:
+        continue
+    found += [[os.path.basename(path)] for secret in secrets if secret.encode() in data]
+print(json.dumps(found))
+"""
+
+
+async def run_in_kernel(daemon: Daemon, kernel_id: str, code: str) -> str:
+    ws = await daemon.channels(kernel_id)
+    try:
+        received = await ws.until_idle(ws.execute(code))
+    finally:
+        ws.close()
+    return received.text()
+
+
+async def test_a_kernel_cannot_find_the_gateways_token_or_listed_secrets(daemon: Daemon) -> None:
+    """Item 1: neither the token (from JUPYTER_TOKEN, under any variable name that holds
+    it) nor a variable the operator lists reaches a kernel: not in its environment, not in
+    the gateway's environment block under /proc, not in the runtime directory's files."""
+    listed = f"listed-{uuid.uuid4().hex}"
+    daemon.start(
+        "--GatewayStreamApp.secret_env_vars=KGS_DEPLOY_KEY",
+        env={"KGS_DEPLOY_KEY": listed, "SOME_COPY_OF_THE_TOKEN": TOKEN},
+    )
+    await daemon.wait_ready()
+    kernel_id = await daemon.start_kernel()
+    output = await run_in_kernel(daemon, kernel_id, HUNT.format(secrets=[TOKEN, listed]))
+    assert json.loads(output) == []
+
+
+async def test_a_token_from_a_config_file_does_not_reach_the_kernel(
+    daemon: Daemon, tmp_path: Any
+) -> None:
+    """Item 1: the configured token (a config file, not the environment) is found nowhere a
+    kernel looks either."""
+    token = f"configured-{uuid.uuid4().hex}"
+    config = tmp_path / "kgs_config.py"
+    config.write_text(f"c.IdentityProvider.token = {token!r}\n")
+    daemon.start(f"--config={config}", env={"JUPYTER_TOKEN": ""})
+    daemon_headers = {"Authorization": f"token {token}"}
+    await daemon.wait_ready(headers=daemon_headers)
+    kernel = await daemon.fetch("/api/kernels", method="POST", body="{}", headers=daemon_headers)
+    ws = await daemon.channels(kernel["id"], headers=daemon_headers)
+    received = await ws.until_idle(ws.execute(HUNT.format(secrets=[token])))
+    ws.close()
+    assert json.loads(received.text()) == []
+
+
+async def test_the_token_is_in_no_log_error_body_or_transcript(daemon: Daemon) -> None:
+    """Item 5: requests authenticated with ?token= that fail (404, 400, 405, a refused
+    WebSocket) leave the token in neither the log nor the error bodies; the transcript of
+    a kernel that printed its environment does not hold it; the transcript files are 0600
+    in a 0700 directory."""
+    daemon.start("--log-level=DEBUG")
+    await daemon.wait_ready()
+    kernel_id = await daemon.start_kernel()
+    client = AsyncHTTPClient()
+    bodies: list[bytes] = []
+    base = f"{daemon.url}/api/kernels"
+    for method, path in (
+        ("GET", "/nope/transcript"),
+        ("GET", f"/{kernel_id}/stream?since=abc"),
+        ("GET", f"/{kernel_id}/execute"),
+        ("POST", f"/{kernel_id}/execute"),
+        ("GET", f"/{kernel_id}/executions/nope"),
+        ("DELETE", f"/{kernel_id}/transcript"),
+    ):
+        separator = "&" if "?" in path else "?"
+        url = f"{base}{path}{separator}token={TOKEN}"
+        body = "{" if method == "POST" else None
+        with pytest.raises(HTTPClientError) as failed:
+            await client.fetch(url, method=method, body=body, allow_nonstandard_methods=True)
+        assert failed.value.code >= 400
+        assert failed.value.response is not None
+        bodies.append(failed.value.response.body)
+    with pytest.raises(HTTPClientError):
+        await websocket_connect(
+            f"ws://127.0.0.1:{daemon.port}/api/kernels/nope/channels?token={TOKEN}"
+        )
+    await run_in_kernel(daemon, kernel_id, "import os; print(dict(os.environ))")
+    daemon.stop()
+    for body in bodies:
+        assert TOKEN.encode() not in body
+    assert TOKEN not in daemon.log_text()
+    path = daemon.transcript_path
+    for name in (path, path.with_name(path.name + "-wal")):
+        if name.exists():
+            assert TOKEN.encode() not in name.read_bytes()
+            assert stat.S_IMODE(name.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
