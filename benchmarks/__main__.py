@@ -167,7 +167,16 @@ COLUMNS = {
         "live_clients",
         "note",
     ],
-    "transcript": ["records", "records_per_second", "first_record_ms", "seconds", "cpu_seconds"],
+    "transcript": [
+        "records",
+        "records_per_second",
+        "first_record_ms",
+        "seconds",
+        "cpu_seconds",
+        "max_unwritten",
+        "disk_per_output_byte",
+        "note",
+    ],
     "catchup": ["seconds", "backlog", "missed", "note"],
 }
 
@@ -253,6 +262,17 @@ def targets(rows: list[Row]) -> list[Row]:
         check("replay >= 100,000 records/s", rate, rate >= 100_000, replay["case"])
         first = replay["first_record_ms"]
         check("replay first record <= 50 ms", first, first <= 50, "ms")
+    writer = next(
+        (r for r in rows if r["scenario"] == "transcript" and r["case"].startswith("writer")),
+        None,
+    )
+    if writer:
+        rate = writer["records_per_second"]
+        check("transcript writer >= 100,000 records/s", rate, rate >= 100_000, writer["case"])
+    ratios = [r["disk_per_output_byte"] for r in rows if "disk_per_output_byte" in r]
+    if ratios:
+        worst = max(ratios)
+        check("bytes on disk <= 1.5 x output", worst, worst <= 1.5, "worst of 64 B, 1 KiB, 64 KiB")
     lat = [r for r in rows if r["scenario"] == "latency" and r["system"] == ours]
     if lat and "added_p50_ms" in lat[0]:
         p50 = max(r["added_p50_ms"] for r in lat)

@@ -34,15 +34,14 @@ LOOPS = {
 
 
 async def interrupt_latency(client: GatewayClient, kernel_id: str, code: str) -> float:
-    started = await client._json("POST", f"/api/kernels/{kernel_id}/execute", {"code": code})
-    msg_id = started["msg_id"]
+    msg_id = await client.start_execution(kernel_id, code)
     events = client.execution_events(kernel_id, msg_id)
     async for event in events:
         if event.event == "status" and event.data["execution_state"] == "busy":
             break
     await asyncio.sleep(0.3)
     asked = time.perf_counter()
-    await client._json("POST", f"/api/kernels/{kernel_id}/executions/{msg_id}/interrupt", {})
+    await client.interrupt_execution(kernel_id, msg_id)
     async for event in events:
         if event.event == "done":
             assert event.data["status"] == "interrupted", event.data
@@ -106,7 +105,7 @@ async def main(repeats: int, prints: int, output: Path) -> None:
                 f"   p99 {percentile(delays, 0.99) * 1000:7.2f} ms   ({len(delays)} prints)"
             )
             await client.shutdown(kernel_id)
-            client.close()
+            await client.aclose()
         finally:
             await server.stop()
     output.parent.mkdir(parents=True, exist_ok=True)

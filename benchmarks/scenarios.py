@@ -417,12 +417,15 @@ async def idle_memory(server: Server, plan: Plan) -> Row:
 
 
 async def transcript(server: Server, plan: Plan) -> list[Row]:
+    """Writing a firehose to the transcript through the daemon (until durable, and the
+    largest unwritten backlog meanwhile), the store's writer on its own, bytes on disk per
+    byte of output, then a new client replaying it all."""
     count = plan.transcript_records
     kernel_id = await server.start_kernel("firehose")
+    rows: list[Row] = []
     try:
         await server.request("POST", f"/api/kernels/{kernel_id}/execute", {"code": "1 64 0"})
         await asyncio.sleep(0.5)
-        database = sqlite3.connect(f"file:{server.transcript_path}?mode=ro", uri=True)
         cpu = server.cpu_seconds()
         started = time.perf_counter()
         answer = await server.request(
@@ -430,40 +433,141 @@ async def transcript(server: Server, plan: Plan) -> list[Row]:
         )
         msg_id = answer["msg_id"]
         deadline = started + plan.timeout + count / 10_000
+        backlog = 0
         while time.perf_counter() < deadline:
-            last = database.execute(
-                "SELECT seq, msg_type, parent_msg_id, content FROM records"
-                " WHERE kernel_id = ? ORDER BY seq DESC LIMIT 1",
-                (kernel_id,),
-            ).fetchone()
-            if last and last[1] == "status" and last[2] == msg_id and b"idle" in last[3]:
+            store = (await server.request("GET", "/api/gateway/health"))["components"]["store"]
+            backlog = max(backlog, store["pending_records"])
+            top = await server.request("GET", f"/api/kernels/{kernel_id}/transcript?limit=1")
+            last = await server.request(
+                "GET", f"/api/kernels/{kernel_id}/transcript?since={top['head'] - 1}&limit=1"
+            )
+            ended = any(
+                r["msg_type"] == "status"
+                and r["parent_msg_id"] == msg_id
+                and r["content"].get("execution_state") == "idle"
+                for r in last["records"]
+            )
+            if ended and not store["pending_records"]:
                 break
             await asyncio.sleep(0.02)
         written = time.perf_counter() - started
         write_cpu = server.cpu_seconds() - cpu
-        head = last[0] if last else 0
-        stored = database.execute(
-            "SELECT count(*), sum(length(header) + length(parent_header) + length(metadata)"
-            " + length(content)) FROM records WHERE kernel_id = ?",
-            (kernel_id,),
-        ).fetchone()
-        rows = [
+        page = await server.request("GET", f"/api/kernels/{kernel_id}/transcript?limit=1")
+        head = page["head"]
+        rows.append(
             row(
                 "transcript",
                 server.system.name,
-                f"write {count:,} records",
-                records=stored[0],
+                f"write {count:,} records through the gateway",
+                records=head,
                 seconds=written,
-                records_per_second=stored[0] / written,
+                records_per_second=head / written,
                 cpu_seconds=write_cpu,
+                max_unwritten=backlog,
+                note="the kernel's pace; the writer's own is the next row",
             )
-        ]
+        )
         rows.append(await _replay(server, kernel_id, msg_id, head, count))
-        rows.append(_file_reference(database, kernel_id, head))
-        database.close()
+        rows.append(_file_reference(server.transcript_path, kernel_id, head))
     finally:
         await server.shutdown_kernel(kernel_id)
+    rows.append(await asyncio.get_running_loop().run_in_executor(None, writer_capacity, count))
+    for size in (64, 1024, 65536):
+        rows.append(await asyncio.get_running_loop().run_in_executor(None, disk_ratio, size))
     return rows
+
+
+def _firehose_records(count: int, size: int) -> list[Any]:
+    """Records as the firehose kernel's messages are: its header, an execute_request parent."""
+    import json
+
+    from kernel_gateway_stream.core.messages import KernelMessage, Record
+
+    parent = json.dumps(
+        {
+            "msg_id": uuid.uuid4().hex,
+            "msg_type": "execute_request",
+            "username": "bench",
+            "session": uuid.uuid4().hex,
+            "date": "2026-11-22T10:11:12.131415Z",
+            "version": "5.3",
+        }
+    ).encode()
+    session = uuid.uuid4().hex
+    records = []
+    for i in range(count):
+        header = (
+            b'{"msg_id": "%s_%d", "msg_type": "stream", "username": "firehose", '
+            b'"session": "%s", "date": "2026-11-22T10:11:12.131415Z", "version": "5.3"}'
+            % (session.encode(), i, session.encode())
+        )
+        text = f"{i} ".ljust(size - 1, "x") + "\n"
+        content = json.dumps({"name": "stdout", "text": text}).encode()
+        message = KernelMessage.from_parts([header, parent, b"{}", content])
+        records.append(Record("bench", i + 1, time.time(), message))
+    return records
+
+
+def _fed_store(records: list[Any], directory: str) -> tuple[float, float, Any]:
+    """Append ``records`` to a fresh SQLite store as fast as it takes them; seconds until
+    all are durable, CPU seconds (both threads), and the store (closed)."""
+    from kernel_gateway_stream.stores.sqlite import SQLiteTranscriptStore
+
+    store = SQLiteTranscriptStore(path=str(Path(directory) / "t.sqlite3"))
+    store.open()
+
+    async def feed() -> None:
+        for index, record in enumerate(records):
+            store.append(record)
+            if index % 5000 == 0:
+                await asyncio.sleep(0)  # as the Tap does: batches, the loop runs between
+        assert await store.flush(600)
+
+    cpu = time.process_time()
+    started = time.perf_counter()
+    asyncio.run(feed())
+    seconds = time.perf_counter() - started
+    store.close()
+    return seconds, time.process_time() - cpu, store
+
+
+def writer_capacity(count: int) -> Row:
+    """The SQLite store fed firehose records (64 B lines) as fast as it takes them."""
+    records = _firehose_records(count, 64)
+    with tempfile.TemporaryDirectory() as directory:
+        seconds, cpu, _ = _fed_store(records, directory)
+    return row(
+        "transcript",
+        "kernel_gateway_stream",
+        f"writer alone: {count:,} records",
+        records=count,
+        seconds=seconds,
+        records_per_second=count / seconds,
+        cpu_seconds=cpu,
+    )
+
+
+def disk_ratio(size: int) -> Row:
+    """Bytes on disk (database and WAL, after a checkpoint) per byte of output (the
+    messages as the kernel sent them), for ``size``-byte lines."""
+    count = max(200, 20_000_000 // (size + 500))
+    records = _firehose_records(count, size)
+    output = sum(record.message.size for record in records)
+    with tempfile.TemporaryDirectory() as directory:
+        _fed_store(records, directory)
+        path = Path(directory) / "t.sqlite3"
+        connection = sqlite3.connect(path)
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        connection.close()
+        on_disk = sum(p.stat().st_size for p in Path(directory).glob("t.sqlite3*"))
+    return row(
+        "transcript",
+        "kernel_gateway_stream",
+        f"bytes on disk, {size:,} B lines",
+        records=count,
+        megabytes=output / 1e6,
+        disk_per_output_byte=on_disk / output,
+    )
 
 
 async def _replay(server: Server, kernel_id: str, msg_id: str, head: int, count: int) -> Row:
@@ -499,23 +603,35 @@ async def _replay(server: Server, kernel_id: str, msg_id: str, head: int, count:
     )
 
 
-def _file_reference(database: sqlite3.Connection, kernel_id: str, head: int) -> Row:
+def _file_reference(path: Path, kernel_id: str, head: int) -> Row:
     """The same bytes, written to a plain file and read back sequentially (a warm page
     cache, as the transcript's own pages are)."""
-    with tempfile.NamedTemporaryFile(suffix=".bin", delete=False) as file:
-        cursor = database.execute(
-            "SELECT header, parent_header, metadata, content FROM records WHERE kernel_id = ?"
-            " ORDER BY seq",
-            (kernel_id,),
+    from kernel_gateway_stream.core.records import ParentHeader, decode_chunk
+    from kernel_gateway_stream.stores.sqlite_schema import kernel_range
+
+    database = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    (key,) = database.execute(
+        "SELECT key FROM kernels WHERE kernel_id = ?", (kernel_id,)
+    ).fetchone()
+    parents = {
+        ref: ParentHeader(header, msg_id, msg_type)
+        for ref, header, msg_id, msg_type in database.execute(
+            "SELECT ref, header, msg_id, msg_type FROM parents WHERE kernel_key = ?", (key,)
         )
-        for parts in cursor:
-            file.write(b"".join(parts))
-        path = Path(file.name)
+    }
+    with tempfile.NamedTemporaryFile(suffix=".bin", delete=False) as file:
+        for (data,) in database.execute(
+            "SELECT data FROM chunks WHERE id BETWEEN ? AND ? ORDER BY id", kernel_range(key)
+        ):
+            for record in decode_chunk(data, kernel_id, parents.get):
+                file.write(b"".join(record.message.parts()))
+        reference = Path(file.name)
+    database.close()
     try:
-        size = path.stat().st_size
-        first, seconds = sequential_read(path)
+        size = reference.stat().st_size
+        first, seconds = sequential_read(reference)
     finally:
-        path.unlink()
+        reference.unlink()
     return row(
         "transcript",
         "sequential file read",
