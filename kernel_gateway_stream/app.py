@@ -250,6 +250,13 @@ class GatewayStreamApp(ExtensionApp):
         help="Seconds a client session's kernel channels outlive its dropped connection, "
         "holding the replies sent meanwhile for the client's return (same session_id).",
     )
+    max_sessions_away = Int(
+        1000,
+        config=True,
+        help="Most client sessions held for their return at once, across kernels (see "
+        "session_grace; each may hold three kernel sockets). Past it, the session away "
+        "longest is closed early; its client still resumes its output from the transcript.",
+    )
     shutdown_drain_timeout = Float(
         5.0,
         config=True,
@@ -314,7 +321,12 @@ class GatewayStreamApp(ExtensionApp):
             broker=self.broker,
             taps=self.taps,
             sockets=self.sockets,
-            sessions=SessionRegistry(self.sockets, self.log, grace=self.session_grace),
+            sessions=SessionRegistry(
+                self.sockets,
+                self.log,
+                grace=self.session_grace,
+                max_away=self.max_sessions_away,
+            ),
             executions=self.executions,
             policy=QueuePolicy(
                 self.subscriber_max_bytes, self.subscriber_max_lag, self.subscriber_merge_max_bytes

@@ -13,6 +13,11 @@ sent while it was away (without it, JupyterLab shows the cell as ``[*]`` for eve
   gets them in place among the replayed output;
 * for ``grace`` seconds after the client dropped, then the sockets close.
 
+Sessions whose client is away are bounded too (``max_away``, across kernels): each may
+hold three sockets, and a client that opens connection after connection under new
+session ids must not run the gateway out of descriptors. Past the bound the session that
+has been away longest closes first.
+
 A connection of a client that did not name its session (no ``?session_id=``) cannot come
 back: its session closes with it.
 """
@@ -78,6 +83,7 @@ class KernelSession:
             self._expiry.cancel()
             self._expiry = None
         self.receiver = receiver
+        self.registry.came_back(self)
         held, self.held, self._held_bytes = self.held, [], 0
         return held
 
@@ -90,6 +96,7 @@ class KernelSession:
         if keep and self.registry.grace > 0 and not self.tap.closed:
             loop = asyncio.get_running_loop()
             self._expiry = loop.call_later(self.registry.grace, self.close)
+            self.registry.went_away(self)
         else:
             self.close()
 
@@ -141,6 +148,7 @@ class SessionRegistry:
         grace: float,
         max_replies: int = 1000,
         max_bytes: int = 8 * 1024 * 1024,
+        max_away: int = 1000,
         handshake_timeout: float = 5.0,
     ) -> None:
         self.sockets = sockets
@@ -149,8 +157,14 @@ class SessionRegistry:
         self.grace = grace
         self.max_replies = max_replies
         self.max_bytes = max_bytes
+        #: Most sessions held with their client away; past it the longest away closes.
+        self.max_away = max_away
         self.handshake_timeout = handshake_timeout
         self._sessions: dict[str, KernelSession] = {}
+        #: Sessions whose client is away, longest away first (dicts keep insertion order).
+        self._away: dict[str, KernelSession] = {}
+        #: Sessions closed before their grace ended because of ``max_away``.
+        self.evicted = 0
 
     def get(self, tap: KernelTap, session_id: str) -> KernelSession:
         key = f"{tap.kernel_id}:{session_id}"
@@ -162,12 +176,25 @@ class SessionRegistry:
         return session
 
     def forget(self, session: KernelSession) -> None:
+        self.came_back(session)
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
 
+    def went_away(self, session: KernelSession) -> None:
+        """``session``'s client left and its channels are held: keep ``max_away``."""
+        self._away[session.key] = session
+        while len(self._away) > self.max_away:
+            oldest = next(iter(self._away.values()))
+            self.evicted += 1
+            oldest.close()  # forgets it, and so takes it out of _away
+
+    def came_back(self, session: KernelSession) -> None:
+        if self._away.get(session.key) is session:
+            del self._away[session.key]
+
     def held(self) -> list[str]:
         """The sessions whose client is away (their channels and replies are held)."""
-        return [key for key, session in self._sessions.items() if session.receiver is None]
+        return list(self._away)
 
     def close_kernel(self, kernel_id: str) -> None:
         """The kernel shut down: close its sessions."""
@@ -182,7 +209,8 @@ class SessionRegistry:
     def stats(self) -> dict[str, int]:
         return {
             "sessions": len(self._sessions),
-            "sessions_away": len(self.held()),
+            "sessions_away": len(self._away),
+            "sessions_evicted": self.evicted,
             "replies_held": sum(len(s.held) for s in self._sessions.values()),
             "replies_dropped": sum(s.dropped for s in self._sessions.values()),
         }

@@ -66,3 +66,30 @@ async def test_replies_for_a_client_that_never_returns_are_dropped_after_the_gra
     received = await second.until_idle(msg_id)
     assert received.text() == "x\n"
     second.close()
+
+
+async def test_sessions_held_for_absent_clients_are_bounded(
+    start_kernel: Any, connect: Any, services: Any
+) -> None:
+    """A client that connects again and again under new session ids, sending a request
+    each time (so each session holds three kernel sockets), keeps at most ``max_away``
+    sessions held: the one away longest closes first, and its sockets with it."""
+    services.sessions.max_away = 2
+    evicted = services.sessions.evicted
+    kernel_id = await start_kernel()
+    for name in ("a", "b", "c"):
+        ws: KernelWS = await connect(kernel_id, session_id=name)
+        await ws.until_idle(ws.execute(f"print({name!r})"))
+        ws.close()
+        await ws.drain_until_closed()
+    deadline = asyncio.get_running_loop().time() + 10
+    while f"{kernel_id}:a" in services.sessions.held():
+        assert asyncio.get_running_loop().time() < deadline, "the oldest session stays held"
+        await asyncio.sleep(0.05)
+    assert services.sessions.held() == [f"{kernel_id}:b", f"{kernel_id}:c"]
+    assert services.sessions.evicted == evicted + 1
+    # The session that was closed early still resumes its output from the transcript.
+    back: KernelWS = await connect(kernel_id, session_id="a", since=0)
+    received = await back.until_lines(1)
+    assert "a\n" in received.text()
+    back.close()
