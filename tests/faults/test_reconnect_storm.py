@@ -119,9 +119,7 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
             await asyncio.sleep(0.5)
         # Each connection named a new session, held for the client's return for the grace
         # period (SESSION_GRACE here): once it is over, nothing of theirs is held either.
-        while (await daemon.fetch("/api/gateway/health"))["components"]["broker"][
-            "sessions_away"
-        ]:
+        while (await daemon.fetch("/api/gateway/health"))["components"]["broker"]["sessions_away"]:
             assert loop.time() < deadline, "sessions outlived their grace period"
             await asyncio.sleep(0.5)
         # Freed memory goes back to the system at the gateway's next heap trim (every
