@@ -29,6 +29,7 @@ from jupyter_server.serverapp import ServerApp
 from tornado.ioloop import PeriodicCallback
 from traitlets import Bool, Float, Int, List, Type, Unicode, default
 
+from . import metrics
 from .broker.base import Broker
 from .broker.memory import MemoryBroker
 from .broker.subscriber import ReplayLimits
@@ -274,6 +275,19 @@ class GatewayStreamApp(ExtensionApp):
         config=True,
         help="Bytes the resident set must have grown by since the last trim for another one.",
     )
+    metrics_port = Int(
+        0,
+        config=True,
+        help="Serve /metrics, with no authentication, on this port of its own as well (0: "
+        "not). The main port's /metrics follows ServerApp.authenticate_prometheus (a token "
+        "by default).",
+    )
+    metrics_ip = Unicode(
+        "127.0.0.1",
+        config=True,
+        help="Address of the metrics_port listener. Anyone who reaches it reads the metrics "
+        "(no output, no tokens: counts and sizes).",
+    )
     health_check_interval = Float(
         1.0,
         config=True,
@@ -341,6 +355,16 @@ class GatewayStreamApp(ExtensionApp):
             max_request_bytes=self.max_request_bytes,
         )
         self.taps.on_close(self.services.kernel_closed)
+        metrics.collector().add(self.services)
+        if self.metrics_port:
+            self._metrics_server = metrics.MetricsServer(self.metrics_ip, self.metrics_port)
+            try:
+                self._metrics_server.bind()
+            except OSError as error:
+                raise StartRefused(
+                    f"cannot serve metrics on {self.metrics_ip}:{self.metrics_port}: "
+                    f"{error.strerror or error}"
+                ) from error
         self.settings[SETTINGS_KEY] = self.services
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
         StreamKernelManager.lossless_iopub = self.lossless_kernel_iopub
@@ -409,6 +433,8 @@ class GatewayStreamApp(ExtensionApp):
         self._health_watch.start()
         self.trimmer = HeapTrimmer(self.heap_trim_interval, self.heap_trim_threshold)
         self.trimmer.start()
+        if hasattr(self, "_metrics_server"):
+            self._metrics_server.start()
         await self.taps.reconcile()
 
     def _watch_health(self) -> None:
@@ -436,6 +462,9 @@ class GatewayStreamApp(ExtensionApp):
         if hasattr(self, "_health_watch"):
             self._health_watch.stop()
             self.trimmer.stop()
+        metrics.collector().remove(self.services)
+        if hasattr(self, "_metrics_server"):
+            self._metrics_server.stop()
         now = time.time()
         for kernel_id in list(self.taps.taps):
             self.store.kernel_ended(kernel_id, now)

@@ -59,6 +59,31 @@ KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_action
 RecordObserver = Callable[[Record], None]
 
 
+#: IOPub message types counted by name in metrics (the Jupyter messaging spec's, and what
+#: the gateway records itself); any other counts as ``other``.
+COUNTED_MSG_TYPES = frozenset(
+    [
+        "stream",
+        "display_data",
+        "update_display_data",
+        "execute_input",
+        "execute_result",
+        "error",
+        "status",
+        "clear_output",
+        "debug_event",
+        "comm_open",
+        "comm_msg",
+        "comm_close",
+        "input_request",
+        "shutdown_reply",
+        "kernel_gateway_stream_gap",
+        "kernel_gateway_stream_lifecycle",
+        "kernel_gateway_stream_invalid",
+    ]
+)
+
+
 def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
@@ -258,6 +283,9 @@ class KernelTap:
     def _record(self, message: KernelMessage) -> None:
         self.received += 1
         manager = self.manager
+        counts = manager.by_type.get(message.msg_type) or manager.counts_of(message.msg_type)
+        counts[0] += 1
+        counts[1] += message.size
         if not manager.tracebacks_allowed:
             message = withhold_traceback(message, manager.traceback_replacement)
         record = self.sequencer.assign(message, time.time())
@@ -451,9 +479,19 @@ class TapManager(LoggingConfigurable):
             kernel_manager, "traceback_replacement_message", "An exception occurred."
         )
         self.taps: dict[str, KernelTap] = {}
+        #: ``[messages, bytes]`` recorded, by msg_type (for metrics): the types of the
+        #: messaging spec and the gateway's own, every other under ``other`` (a kernel
+        #: chooses its msg_types, and must not grow this without bound).
+        self.by_type: dict[str, list[int]] = {"other": [0, 0]}
         self._starting: dict[str, asyncio.Future[KernelTap]] = {}
         self._on_close: list[Any] = []
         self._reconciler: PeriodicCallback | None = None
+
+    def counts_of(self, msg_type: str) -> list[int]:
+        """The ``[messages, bytes]`` counters for ``msg_type`` (see :attr:`by_type`)."""
+        if msg_type not in COUNTED_MSG_TYPES:
+            return self.by_type["other"]
+        return self.by_type.setdefault(msg_type, [0, 0])
 
     def start(self) -> None:
         """Begin reconciling. Called by the application once the loop runs."""

@@ -103,10 +103,19 @@ class SubscriberRegistry:
     """Every subscriber of every kernel, attached to the live feed or still catching up:
     what kernel and gateway shutdown end."""
 
-    __slots__ = ("_by_kernel",)
+    __slots__ = ("_by_kernel", "endings", "records_replayed", "replays")
 
     def __init__(self) -> None:
         self._by_kernel: dict[str, dict[Subscriber, None]] = {}
+        #: Streams ended by the gateway, by reason (``slow_consumer``, ``kernel_shutdown``).
+        self.endings: dict[str, int] = {}
+        #: Subscribers that asked for the past (``since``) and records sent them from it.
+        self.replays = 0
+        self.records_replayed = 0
+
+    def count_ending(self, reason: str) -> None:
+        """A transport ended a client's stream for ``reason`` (for metrics)."""
+        self.endings[reason] = self.endings.get(reason, 0) + 1
 
     def add(self, subscriber: Subscriber) -> None:
         self._by_kernel.setdefault(subscriber.kernel_id, {})[subscriber] = None
@@ -222,6 +231,8 @@ class Subscriber:
         if since is not None and since > head:
             raise SequenceAhead(since, head)
         self.registry.add(self)
+        if since is not None and since < head:
+            self.registry.replays += 1
         self._handoff = Handoff(since, live_within=self.limits.live_within)
         # Replies to the client's own requests wait behind the replay, as live frames do.
         self.queue.holding = True
@@ -287,6 +298,7 @@ class Subscriber:
             marks=True,
             max_bytes=self.limits.page_bytes,
         )
+        self.registry.records_replayed += len(page.records)
         frames = frames_from_records(page.records, self.limits.frame_bytes)
         if first and page.discarded is not None:
             notice = self.transport.discarded(*page.discarded)

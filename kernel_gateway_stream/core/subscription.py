@@ -88,6 +88,12 @@ class SubscriberQueue:
     def __len__(self) -> int:
         return len(self._frames)
 
+    @property
+    def queued_since(self) -> float | None:
+        """When the oldest frame still queued was queued (the ``now`` it was offered
+        with), or None when nothing is queued: how far behind the client is, in time."""
+        return self._oldest if self._frames else None
+
     def offer(self, frame: Frame, now: float) -> Overflow | None:
         """Queue ``frame``; return an Overflow if the subscriber is now over its limit.
 

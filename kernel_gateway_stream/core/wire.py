@@ -31,6 +31,7 @@ __all__ = [
     "CHANNELS",
     "CLOSE_REASON_MAX",
     "SEQ_METADATA_KEY",
+    "SURFACES",
     "IncomingMessage",
     "Protocol",
     "close_reason",
@@ -61,9 +62,23 @@ class Protocol(enum.Enum):
     #: Server-Sent Events of one execution, normalized (see ``core.executions``).
     EXECUTION = "execution-events"
 
+    @property
+    def surface(self) -> str:
+        """The name of this way of taking messages in metrics (``channels_v1``, ``sse``)."""
+        return SURFACES[self]
+
     @classmethod
     def from_subprotocol(cls, name: str | None) -> Protocol:
         return cls.V1 if name == cls.V1.value else cls.LEGACY
+
+
+#: What each Protocol is called as a surface in metrics.
+SURFACES = {
+    Protocol.LEGACY: "channels_legacy",
+    Protocol.V1: "channels_v1",
+    Protocol.SSE: "sse",
+    Protocol.EXECUTION: "execute",
+}
 
 
 @dataclass(frozen=True, slots=True)

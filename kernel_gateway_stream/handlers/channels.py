@@ -200,12 +200,18 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
 
     # -- client -> kernel ----------------------------------------------------------
 
+    @property
+    def surface(self) -> str:
+        """Transport: what metrics call this kind of client."""
+        return self.protocol.surface
+
     def handle_incoming_message(self, incoming_msg: Any) -> None:
         if self._closed:
             return
         try:
             message = decode_incoming(incoming_msg, self.protocol)
         except MalformedMessage as error:
+            self.services.count_refused("malformed_message")
             self.log.info("Closing %s: %s", self.session_key, error)
             self.end(malformed(str(error)))
             return
@@ -303,6 +309,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         return discarded_notice(first_seq, last_seq, self.session_id or "")
 
     def end(self, ending: Ending) -> None:
+        self.services.subscribers.count_ending(ending.reason)
         if ending.reason == "slow_consumer":
             self.log.info("Disconnecting %s: %s (last seq %s)", self.session_key,
                           ending.message, ending.last_seq)  # fmt: skip

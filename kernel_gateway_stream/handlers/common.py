@@ -86,6 +86,12 @@ class Services:
     max_request_bytes: int = 10 * 1024 * 1024
     #: Merges of queued frames, shared by the subscribers that are behind together.
     merges: SharedMerges = field(default_factory=SharedMerges)
+    #: Requests and frames refused as bad input, by reason (for metrics).
+    refused: dict[str, int] = field(default_factory=dict)
+
+    def count_refused(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
     #: Tasks ending subscribers (asyncio keeps only weak references to running tasks).
     _ending: set[asyncio.Future[None]] = field(default_factory=set)
 
@@ -158,6 +164,8 @@ class ServicesMixin:
     def write_error_json(self, error: LocalError) -> None:
         """Finish the request with ``error``'s status and ``{"reason", "message"}``."""
         handler: Any = self
+        if 400 <= error.status < 500:
+            self.services.count_refused(error.reason)
         handler.clear_header("Content-Type")
         handler.set_status(error.status)
         handler.set_header("Content-Type", "application/json")

@@ -138,6 +138,11 @@ class SSEHandler(ServicesMixin, APIHandler):
 
     # -- Transport -------------------------------------------------------------------
 
+    @property
+    def surface(self) -> str:
+        """What metrics call this kind of client: ``sse`` or ``execute``."""
+        return self.encoding.surface
+
     def is_open(self) -> bool:
         return not self._ended and not self._finished
 
@@ -158,6 +163,7 @@ class SSEHandler(ServicesMixin, APIHandler):
         return discarded_notice(first_seq, last_seq, "")
 
     def end(self, ending: Ending) -> None:
+        self.services.subscribers.count_ending(ending.reason)
         if self.is_open():
             self.write(ending.sse_event())
         self._end()

@@ -23,6 +23,7 @@ One thread writes every kernel's transcript, one transaction per batch:
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import os
 import sqlite3
@@ -43,6 +44,8 @@ __all__ = ["ROW_OVERHEAD", "Control", "TranscriptWriter", "WriterSettings", "Wri
 #: Bytes a row costs on disk besides its payload (record header, cell pointer, page
 #: slack): what retention adds per row to count bytes on disk, not payload.
 ROW_OVERHEAD = 48
+#: Upper bounds of the batch-latency histogram's buckets, in seconds (the last is +Inf).
+BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
 #: Parent headers each writer remembers per kernel (then a parent is stored again).
 PARENT_CACHE = 4096
 
@@ -89,6 +92,15 @@ class WriterState:
     #: Kernels whose given-out numbers are above their durable reservation.
     unreserved: set[str] = field(default_factory=set)
     last_batch_seconds: float = 0.0
+    #: Batches written within each of :data:`BATCH_BUCKETS` (cumulative counts
+    #: are made when read), and the seconds they took in all: a latency histogram.
+    batch_seconds_counts: list[int] = field(default_factory=lambda: [0] * len(BATCH_BUCKETS))
+    batch_seconds_sum: float = 0.0
+
+    def observe_batch(self, seconds: float) -> None:
+        self.last_batch_seconds = seconds
+        self.batch_seconds_sum += seconds
+        self.batch_seconds_counts[bisect.bisect_left(BATCH_BUCKETS, seconds)] += 1
 
 
 class TranscriptWriter(threading.Thread):
@@ -227,7 +239,7 @@ class TranscriptWriter(threading.Thread):
         state = self.state
         state.batches += 1
         state.records_written += len(batch)
-        state.last_batch_seconds = time.monotonic() - started
+        state.observe_batch(time.monotonic() - started)
         if state.write_error is not None:
             self.log.warning("Transcript writes recovered after: %s", state.write_error)
             state.write_error = state.failing_since = None

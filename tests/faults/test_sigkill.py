@@ -1,9 +1,10 @@
 """Item 11: a SIGKILL of the gateway in the middle of a firehose.
 
 What a crash may cost is stated in the README's "Guarantees" with the figures this test
-prints: how many records the Tap had numbered (the transcript's head, read just before
-the kill) that were not durable, and how long before the kill the last durable one had
-arrived. It checks what must hold every time: the loss is bounded by what the store may
+prints, in the kernel's own count: the firehose numbers its lines and stamps each with
+its clock, so the last line a client received before the kill, against the last line
+the transcript kept, is how many lines were sent out but never made durable, and over
+how long. It checks what must hold every time: the loss is bounded by what the store may
 hold unwritten, what was lost is one explicit gap record, and no number a client saw is
 given to another message.
 """
@@ -11,7 +12,6 @@ given to another message.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from benchmarks.firehose import install_kernelspec
@@ -57,10 +57,13 @@ async def test_sigkill_during_a_firehose_loses_a_bounded_window_and_reuses_no_nu
         kernel_id = await daemon.start_kernel("firehose")
         ws = await daemon.channels(kernel_id, protocol="v1")
         ws.execute("2000000 64")
-        seen_seq, _, _ = await read_until(ws, 20000 + 10000 * attempt)
-        numbered = (await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?limit=1"))["head"]
-        killed_at = time.time()
+        seen_seq, seen_line, seen_at = await read_until(ws, 20000 + 10000 * attempt)
         daemon.kill_hard()
+        # Everything this client had received when the gateway died.
+        while (message := await ws.receive()) is not None:
+            seen_seq = message["metadata"]["kernel_gateway_stream"]["seq"]
+            if message["msg_type"] == "stream":
+                seen_line, seen_at = firehose_line(message["content"]["text"].splitlines()[-1])
         ws.close()
 
         daemon.start(env=env)
@@ -87,14 +90,17 @@ async def test_sigkill_during_a_firehose_loses_a_bounded_window_and_reuses_no_nu
         # No reuse: every number a client saw is at or below the gap's end, and numbering
         # for this kernel goes on above it (tests/integration/test_daemon.py starts it).
         assert seen_seq <= head
-        last_durable = gap["first_seq"] - 1
-        durable_at = next(r["time"] for r in reversed(records) if r["seq"] == last_durable)
-        figures.append((max(0, numbered - last_durable), (killed_at - durable_at) * 1000))
+        # The kernel's count: lines a client got that the transcript does not have.
+        kept_line, kept_at = firehose_line(kept[-1]["content"]["text"].splitlines()[-1])
+        figures.append((max(0, seen_line - kept_line), max(0.0, seen_at - kept_at) * 1000))
         daemon.stop()
         await asyncio.sleep(seconds(0.2))
     print(
         "SIGKILL loss window:",
-        ", ".join(f"{lost} records numbered but not durable ({ms:.0f} ms)" for lost, ms in figures),
+        ", ".join(
+            f"{lost} lines sent to a client but not durable ({ms:.0f} ms of output)"
+            for lost, ms in figures
+        ),
     )
     # Bounded by what the store may hold unwritten: 64 MiB of pending records, at about
     # 600 bytes each for these messages. The figure printed above is what it really is.
