@@ -149,6 +149,7 @@ class GatewayStreamApp(ExtensionApp):
 
     classes = [
         *ExtensionApp.classes,
+        StreamServerApp,
         TapManager,
         SQLiteTranscriptStore,
         MemoryBroker,
