@@ -14,6 +14,7 @@ import inspect
 import pkgutil
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from traitlets import TraitType
 from traitlets.config import Configurable
@@ -63,18 +64,18 @@ def _summary(cls: type) -> str:
 _ROLE = re.compile(r":[a-z]+:`~?(?:[\w.]*\.)?([\w]+)`")
 
 
-def _own_traits(cls: type[Configurable]) -> Iterator[tuple[str, TraitType]]:
+def _own_traits(cls: type[Configurable]) -> Iterator[tuple[str, TraitType[Any, Any]]]:
     yield from sorted(cls.class_own_traits(config=True).items())
 
 
-def _default(trait: TraitType) -> str:
+def _default(trait: TraitType[Any, Any]) -> str:
     text = trait.default_value_repr()
     if text in ("traitlets.Undefined", "''"):
         return "(computed)" if text == "traitlets.Undefined" else "''"
     return text.replace("|", "\\|")
 
 
-def _help(trait: TraitType) -> str:
+def _help(trait: TraitType[Any, Any]) -> str:
     return " ".join((trait.help or "").split()).replace("|", "\\|")
 
 
