@@ -102,6 +102,12 @@ class StreamServerApp(ServerApp):
     def _default_open_browser(self) -> bool:
         return False
 
+    @default("port_retries")
+    def _default_port_retries(self) -> int:
+        # A service behind a proxy, a load balancer or a scraper must be where it was told
+        # to be: a busy port stops the start (--ServerApp.port_retries=N allows moving on).
+        return 0
+
     @default("allow_root")
     def _default_allow_root(self) -> bool:
         return True

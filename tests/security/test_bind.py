@@ -4,6 +4,7 @@ address without authentication refuses to start unless the operator says so."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 
 from ..integration.daemon import Daemon
@@ -50,3 +51,20 @@ async def test_no_authentication_on_a_public_address_refuses_to_start(daemon: Da
     )
     await daemon.wait_ready(headers={})
     assert f"0.0.0.0:{daemon.port}" in listening(daemon.port)
+
+
+async def test_a_busy_port_stops_the_start_instead_of_moving_on(daemon: Daemon) -> None:
+    """An operator's daemon must be on the port it was given (jupyter_server would move to
+    the next free one, silently): a busy port stops it, with a clear line."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", daemon.port))
+        taken.listen()
+        daemon.start()
+        assert daemon.process is not None
+        code = await asyncio.get_running_loop().run_in_executor(
+            None, daemon.process.wait, seconds(60)
+        )
+    assert code != 0
+    log = daemon.log_text()
+    assert f"port {daemon.port} is not available" in log
+    assert "Traceback" not in log
