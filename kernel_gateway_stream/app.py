@@ -51,6 +51,7 @@ from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
 from .kernel_sockets import KernelSockets
 from .kernels import StreamKernelManager, StreamMappingKernelManager
+from .logs import LogSetup
 from .memory import HeapTrimmer
 from .secrets import RedactingFilter, forbid_dumping, remove_secrets_from_environment
 from .stores.base import TranscriptStore
@@ -136,6 +137,19 @@ class StreamServerApp(ServerApp):
         info: dict[str, Any] = super().server_info()
         info["token"] = ""
         return info
+
+    def running_server_info(self, kernel_count: bool = True) -> str:
+        """Where the daemon serves; no notebook directory (it serves kernels, not files)."""
+        info: str = super().running_server_info(kernel_count)
+        if "contents" not in self.services:
+            lines = info.split("\n")
+            info = "\n".join(lines[1:])  # the contents manager's "Serving notebooks from"
+        return info
+
+    def _signal_stop(self, sig: Any, frame: Any) -> None:
+        # A stop asked for is normal operation (jupyter_server logs it as CRITICAL).
+        self.log.info("Received signal %s, stopping", sig)
+        self.stop(from_signal=True)
 
     def init_signal(self) -> None:
         super().init_signal()
@@ -282,6 +296,18 @@ class GatewayStreamApp(ExtensionApp):
         config=True,
         help="Bytes the resident set must have grown by since the last trim for another one.",
     )
+    log_json = Bool(
+        False,
+        config=True,
+        help="Write the log as one JSON object per line (time, level, logger, message and the "
+        "event's fields: kernel_id, session_id, reason, last_seq...).",
+    )
+    log_file = Unicode(
+        "",
+        config=True,
+        help="Write the log to this file instead of standard error; SIGHUP reopens it (for "
+        "logrotate). Empty: standard error.",
+    )
     metrics_port = Int(
         0,
         config=True,
@@ -308,6 +334,10 @@ class GatewayStreamApp(ExtensionApp):
         daemon = isinstance(serverapp, StreamServerApp)
         token = serverapp.identity_provider.token
         self._route_logs(token)
+        self._log_setup = LogSetup(
+            [serverapp.log, self.log], json_lines=self.log_json, path=self.log_file
+        )
+        self._log_setup.apply()
         if daemon:
             self._refuse_unauthenticated_remote(serverapp)
         names = frozenset(ALWAYS_SECRET) | frozenset(self.secret_env_vars)
@@ -442,6 +472,10 @@ class GatewayStreamApp(ExtensionApp):
         self.trimmer.start()
         if hasattr(self, "_metrics_server"):
             self._metrics_server.start()
+        if isinstance(serverapp, StreamServerApp):
+            # SIGHUP would end the process (jupyter_server does not handle it): reopen the
+            # log file instead, as daemons do.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._log_setup.reopen)
         await self.taps.reconcile()
 
     def _watch_health(self) -> None:

@@ -13,6 +13,8 @@ it binds, and every subscriber's queue inherits them.
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from typing import Any
 
 import zmq
@@ -21,8 +23,25 @@ from ipykernel.kernelapp import IPKernelApp
 __all__ = ["LosslessIOPubKernelApp", "main"]
 
 
+class _LoopbackTransportNotice(logging.Filter):
+    """ipykernel warns, at every start, that TCP carries messages unencrypted. Between the
+    gateway and a kernel it started on the loopback interface nothing else is on the
+    wire: the notice goes to INFO, so operators see warnings only for what needs them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Kernel is running over TCP without encryption"):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return record.levelno >= logging.getLogger(record.name).getEffectiveLevel()
+        return True
+
+
 class LosslessIOPubKernelApp(IPKernelApp):
     """ipykernel's kernel application with an IOPub socket that never drops."""
+
+    def init_sockets(self) -> None:
+        if self.transport == "tcp" and _loopback(self.ip):
+            self.log.addFilter(_LoopbackTransportNotice())
+        super().init_sockets()
 
     def init_iopub(self, context: zmq.Context[Any]) -> None:
         make_socket = context.socket
@@ -38,6 +57,13 @@ class LosslessIOPubKernelApp(IPKernelApp):
             super().init_iopub(context)
         finally:
             del context.socket
+
+
+def _loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return ip == "localhost"
 
 
 def main() -> None:

@@ -84,6 +84,11 @@ COUNTED_MSG_TYPES = frozenset(
 )
 
 
+#: Seconds a Tap may wait for its kernel's first IOPub message (a kernel starting) before
+#: the gateway's health calls the kernel not ready.
+STARTING_GRACE = 10.0
+
+
 def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
 
@@ -127,6 +132,7 @@ class KernelTap:
         self._iopub_fd = -1
         self._nudger: asyncio.Task[None] | None = None
         self._closed = False
+        self._connected_at = time.monotonic()
 
     @property
     def head(self) -> int:
@@ -149,7 +155,13 @@ class KernelTap:
         if hooks is not None:  # our kernel manager says when a restart or shutdown begins
             hooks.append(self._on_lifecycle_request)
 
+    def late(self) -> bool:
+        """True if the Tap has waited for its kernel's first IOPub message for longer than a
+        kernel takes to start."""
+        return time.monotonic() - self._connected_at > STARTING_GRACE
+
     def _connect(self) -> None:
+        self._connected_at = time.monotonic()
         info = self.kernel_manager.get_connection_info()
         socket = self.manager.sockets.context.socket(zmq.SUB)
         socket.setsockopt(zmq.RCVHWM, self.manager.iopub_receive_hwm)
@@ -616,6 +628,10 @@ class TapManager(LoggingConfigurable):
             "replays_refused": sum(tap.replays for tap in taps),
             "invalid_placeholders": sum(tap.invalid for tap in taps),
         }
-        if waiting:
+        # A kernel takes a second or so to answer at start (or after a restart): that is
+        # starting, not a fault. One that does not answer for STARTING_GRACE seconds is.
+        late = [tap.kernel_id for tap in taps if tap.kernel_id in waiting and tap.late()]
+        if late:
+            details["not_answering"] = late
             return ComponentHealth("taps", State.DEGRADED, "kernel_not_ready", details)
         return ComponentHealth("taps", State.OK, None, details)

@@ -94,6 +94,8 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self._releasing: asyncio.Future[None] | None = None
         self._closed = False
         self._counted = False
+        #: Why the gateway ended this connection, if it did (for the log).
+        self._end_reason: str | None = None
 
     @property
     def services(self) -> Services:
@@ -157,6 +159,15 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         held = self.kernel_session.attach(self)
         self.multi_kernel_manager.notify_connect(self.kernel_id)
         self._counted = True
+        self.log.info(
+            "Client %s connected to kernel %s (%s, %s)",
+            self.session_id,
+            self.kernel_id,
+            self.surface,
+            "live" if since is None else f"resuming after seq {since}",
+            extra={"kernel_id": self.kernel_id, "session_id": self.session_id,
+                   "surface": self.surface, "since": since},
+        )  # fmt: skip
         await self.subscriber.start(since, held)
 
     def _shed_upgrade_state(self) -> None:
@@ -185,6 +196,16 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             self.multi_kernel_manager.notify_disconnect(self.kernel_id)
         if self.subscriber is not None:
             self.subscriber.close()
+            reason = self._end_reason or "client_closed"
+            self.log.info(
+                "Client %s of kernel %s left at seq %d (%s)",
+                self.session_id,
+                self.kernel_id,
+                self.subscriber.last_seq,
+                reason,
+                extra={"kernel_id": self.kernel_id, "session_id": self.session_id,
+                       "last_seq": self.subscriber.last_seq, "reason": reason},
+            )  # fmt: skip
             if self.client_session:
                 self.services.store.save_cursor(
                     self.kernel_id, self.session_id, self.subscriber.last_seq
@@ -310,9 +331,12 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
 
     def end(self, ending: Ending) -> None:
         self.services.subscribers.count_ending(ending.reason)
+        self._end_reason = ending.reason
         if ending.reason == "slow_consumer":
             self.log.info("Disconnecting %s: %s (last seq %s)", self.session_key,
-                          ending.message, ending.last_seq)  # fmt: skip
+                          ending.message, ending.last_seq,
+                          extra={"kernel_id": self.kernel_id, "reason": ending.reason,
+                                 "last_seq": ending.last_seq})  # fmt: skip
         self.websocket_handler.close(ending.code, ending.close_reason())
 
 

@@ -56,6 +56,8 @@ class SSEHandler(ServicesMixin, APIHandler):
     encoding = Protocol.SSE
     _streaming = False
     _ended = False
+    #: Why the gateway ended the stream, if it did (for the log).
+    _end_reason: str | None = None
 
     async def _stream(self, since: int | None, subscriber: Subscriber) -> None:
         """Send the events until the stream ends (the reader leaves, or an end event)."""
@@ -68,12 +70,22 @@ class SSEHandler(ServicesMixin, APIHandler):
         self.flush()
         heartbeat = PeriodicCallback(self._heartbeat, self.services.sse_heartbeat * 1000)
         heartbeat.start()
+        fields = {"kernel_id": subscriber.kernel_id, "surface": self.surface, "since": since}
+        self.log.info("An %s client connected to kernel %s (%s)", self.surface,
+                      subscriber.kernel_id,
+                      "live" if since is None else f"resuming after seq {since}",
+                      extra=fields)  # fmt: skip
         try:
             await subscriber.start(since)
             await self._done.wait()
         finally:
             heartbeat.stop()
             subscriber.close()
+            reason = self._end_reason or "client_closed"
+            self.log.info("An %s client of kernel %s left at seq %d (%s)", self.surface,
+                          subscriber.kernel_id, subscriber.last_seq, reason,
+                          extra={**fields, "last_seq": subscriber.last_seq,
+                                 "reason": reason})  # fmt: skip
             if self._flushing is not None:
                 self._flushing.cancel()
         if not self._finished:
@@ -164,6 +176,7 @@ class SSEHandler(ServicesMixin, APIHandler):
 
     def end(self, ending: Ending) -> None:
         self.services.subscribers.count_ending(ending.reason)
+        self._end_reason = ending.reason
         if self.is_open():
             self.write(ending.sse_event())
         self._end()
