@@ -46,6 +46,7 @@ from .handlers.execute import (
     ExecutionInterruptHandler,
 )
 from .handlers.health import HealthHandler
+from .handlers.page import PAGE_PATH, PageAssetHandler, PageHandler
 from .handlers.sessions import SessionRegistry
 from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
@@ -163,7 +164,9 @@ class GatewayStreamApp(ExtensionApp):
 
     name = "kernel_gateway_stream"
     description = StreamServerApp.description
-    extension_url = "/api/kernels"
+    #: The daemon's / leads here, and its start-up line prints this URL: the live output
+    #: page, its only web UI.
+    extension_url = "/kernel_gateway_stream/"
     load_other_extensions = False
     serverapp_class = StreamServerApp
 
@@ -461,6 +464,8 @@ class GatewayStreamApp(ExtensionApp):
                     ExecutionInterruptHandler,
                 ),
                 (r"/api/gateway/health", HealthHandler),
+                (PAGE_PATH, PageHandler),
+                (rf"{PAGE_PATH}static/(live\.js|live\.css)", PageAssetHandler),
             ]
         )
 
