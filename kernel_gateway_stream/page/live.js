@@ -292,7 +292,10 @@
     source = new EventSource(url, { withCredentials: true });
     const mine = source;
     source.onopen = () => { if (source === mine) setConnection("live", "live"); };
-    source.onerror = async () => {
+    source.onerror = async (event) => {
+      // A kernel's "error" message is an SSE event named "error", which EventSource also
+      // delivers here: it carries data; a connection error does not.
+      if (event instanceof MessageEvent) return;
       if (source !== mine || ended) return;
       if (mine.readyState === EventSource.CLOSED) {
         // Refused (the kernel is not running here now): read the rest from the
