@@ -103,7 +103,12 @@ class StreamKernelManager(ServerKernelManager):
         command, kw = await super()._async_pre_start_kernel(**kw)
         env = kw.get("env")
         if isinstance(env, dict):
-            kw["env"] = without_secrets(env, self.secret_names, self.secret_values)
+            env = without_secrets(env, self.secret_names, self.secret_values)
+            # debugpy (imported by ipykernel) prints a "frozen modules" warning to the
+            # kernel's stdout at start on Python 3.11+, now and then: it would open the
+            # transcript of every such kernel. This is the switch its warning names.
+            env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+            kw["env"] = env
         return command, kw
 
     async def restart_kernel(  # type: ignore[override]

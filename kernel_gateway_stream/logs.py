@@ -4,7 +4,8 @@
   that is only an upstream mismatch: jupyter_server's WebSocket mixin gives tornado its
   ping interval and timeout in milliseconds, and tornado (6.5+) warns that a 90,000 s
   timeout exceeds a 30,000 s interval (jupyter_server pings on its own schedule; tornado's
-  is never used).
+  is never used). Likewise pyzmq's "Got events for closed stream", when a client's kernel
+  sockets close (it left) while the loop still had an event of theirs queued.
 * **Structured.** With ``GatewayStreamApp.log_json`` every line is one JSON object:
   ``time``, ``level``, ``logger``, ``message``, and the event's fields where it gave them
   (``extra={"kernel_id": ...}``). Messages never carry kernel output or a token (the
@@ -41,6 +42,8 @@ class KnownNoise(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
+        if message.startswith("Got events for closed stream"):
+            return False  # pyzmq: a socket we closed had an event queued (a client left)
         return not (
             message.startswith("The websocket_ping_timeout")
             and "cannot be longer than the websocket_ping_interval" in message

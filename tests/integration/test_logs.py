@@ -84,3 +84,21 @@ async def test_a_quiet_structured_log_of_events_without_secrets_or_output(
     await until_logged(log_file, "Client third of kernel")
     assert daemon.process.poll() is None
     assert "Reopened" not in rotated.read_text()
+
+
+async def test_a_transcript_begins_with_the_kernels_output_not_a_debugger_warning(
+    daemon: Daemon,
+) -> None:
+    """debugpy prints a "frozen modules" warning on a kernel's stdout at start, now and
+    then (Python 3.11+); kernels start with the switch it names, so transcripts do not
+    begin with it."""
+    daemon.start()
+    await daemon.wait_ready()
+    kernel_id = await daemon.start_kernel()
+    ws = await daemon.channels(kernel_id)
+    code = "import os; print(os.environ.get('PYDEVD_DISABLE_FILE_VALIDATION'))"
+    received = await ws.until_idle(ws.execute(code))
+    ws.close()
+    assert received.text() == "1\n"
+    page = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?msg_type=stream")
+    assert [r["content"]["text"] for r in page["records"]] == ["1\n"]
