@@ -50,8 +50,8 @@ from .handlers.page import PAGE_PATH, PageAssetHandler, PageHandler
 from .handlers.sessions import SessionRegistry
 from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
-from .kernel_sockets import KernelSockets
 from .kernels import StreamKernelManager, StreamMappingKernelManager
+from .kernels.zmq_kernel import KernelSockets
 from .logs import LogSetup
 from .memory import HeapTrimmer
 from .secrets import RedactingFilter, forbid_dumping, remove_secrets_from_environment
@@ -367,16 +367,12 @@ class GatewayStreamApp(ExtensionApp):
         self.taps = TapManager(
             kernel_manager, self.store, self.broker, self.sockets, parent=self, log=self.log
         )
-        self.executions = ExecutionManager(
-            self.taps, self.store, self.sockets, parent=self, log=self.log
-        )
+        self.executions = ExecutionManager(self.taps, self.store, parent=self, log=self.log)
         self.services = Services(
             store=self.store,
             broker=self.broker,
             taps=self.taps,
-            sockets=self.sockets,
             sessions=SessionRegistry(
-                self.sockets,
                 self.log,
                 grace=self.session_grace,
                 max_away=self.max_sessions_away,

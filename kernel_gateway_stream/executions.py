@@ -1,7 +1,7 @@
 """The gateway's own channels to each kernel, for the execute API.
 
 One :class:`KernelExecutor` per kernel holds shell, control and stdin sockets with an
-identity of the gateway's (:class:`~.kernel_sockets.KernelChannels`), so the kernel's
+identity of the gateway's (:class:`~.kernels.base.KernelChannels`), so the kernel's
 ``input_request`` for an execution sent through the API comes back here. Those requests
 are recorded in the transcript (under the execution's parent) so that every reader of
 the execution sees them, with a sequence number, and can resume.
@@ -18,17 +18,17 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
-from jupyter_client.session import Session
+from jupyter_client._version import protocol_version as PROTOCOL_VERSION
 from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 
-from .core.errors import ExecutionNotRunning, RemoteError, UnknownExecution, UnknownKernel
+from .core.errors import ExecutionNotRunning, UnknownExecution, UnknownKernel
 from .core.executions import INPUT_REQUEST, UNFINISHED, ExecutionSummary, SummaryBuilder
 from .core.marks import LIFECYCLE_STATES
-from .core.messages import KernelMessage, Record, split_identities
-from .kernel_sockets import KernelChannels, KernelSockets
+from .core.messages import KernelMessage, Record, dumps_json
+from .kernels.base import KernelChannels
 from .stores.base import TranscriptStore
-from .tap import KernelTap, TapManager
+from .tap import KernelTap, TapManager, now_iso
 
 __all__ = ["UNFINISHED", "ExecutionManager", "KernelExecutor"]
 
@@ -45,18 +45,10 @@ class KernelExecutor:
         self.kernel_id = tap.kernel_id
         self.tap = tap
         self.manager = manager
-        kernel = tap.kernel_manager
-        self.session = Session(
-            key=kernel.session.key,
-            signature_scheme=kernel.session.signature_scheme,
-            username="kernel_gateway_stream",
-        )
+        self.session_id = uuid.uuid4().hex
         identity = f"kernel_gateway_stream-{uuid.uuid4().hex}".encode()
-        self.channels: KernelChannels = manager.sockets.channels(
-            kernel.get_connection_info(),
-            identity,
-            self._on_reply,
-            handshake_timeout=manager.connect_timeout,
+        self.channels: KernelChannels = tap.link.channels(
+            identity, self._on_reply, handshake_timeout=manager.connect_timeout
         )
         #: The input_request header waiting for an answer, by execution msg_id.
         self.waiting_input: dict[str, dict[str, Any]] = {}
@@ -75,43 +67,42 @@ class KernelExecutor:
             "allow_stdin": allow_stdin,
             "stop_on_error": stop_on_error,
         }
-        message = self.session.msg("execute_request", content=content)
-        msg_id: str = message["header"]["msg_id"]
+        msg_id, parts = self._request("execute_request", content)
         self.manager.sent(self.kernel_id, msg_id, self.tap.head)
-        self.session.send(self.channels.streams["shell"].socket, message)
+        self.channels.send("shell", parts)
         return msg_id
+
+    def _request(
+        self, msg_type: str, content: dict[str, Any], parent: dict[str, Any] | None = None
+    ) -> tuple[str, list[bytes]]:
+        """A request of the gateway's own: its msg_id and its four JSON parts."""
+        msg_id = uuid.uuid4().hex
+        header = {
+            "msg_id": msg_id,
+            "msg_type": msg_type,
+            "username": "kernel_gateway_stream",
+            "session": self.session_id,
+            "date": now_iso(),
+            "version": PROTOCOL_VERSION,
+        }
+        parts = [dumps_json(header), dumps_json(parent or {}), b"{}", dumps_json(content)]
+        return msg_id, parts
 
     def answer(self, msg_id: str, value: str) -> bool:
         """Answer the pending input_request of execution ``msg_id``; False if none waits."""
         header = self.waiting_input.pop(msg_id, None)
-        stdin = self.channels.streams.get("stdin")
-        if header is None or stdin is None:
+        if header is None or self.channels.closed:
             return False
-        self.session.send(
-            stdin.socket, "input_reply", content={"value": value}, parent={"header": header}
-        )
+        _, parts = self._request("input_reply", {"value": value}, header)
+        self.channels.send("stdin", parts)
         return True
 
-    def _on_reply(self, channel: str, frames: list[Any]) -> None:
-        message = self._decode(frames)
-        if message is None:
-            return
+    def _on_reply(self, channel: str, message: KernelMessage) -> None:
         if channel == "shell" and message.msg_type == "execute_reply":
             self.waiting_input.pop(message.parent_msg_id or "", None)
         elif channel == "stdin" and message.msg_type == INPUT_REQUEST and message.parent_msg_id:
             self.waiting_input[message.parent_msg_id] = message.header()
             self.tap.record_message(message)
-
-    def _decode(self, frames: list[Any]) -> KernelMessage | None:
-        try:
-            _, rest = split_identities([bytes(frame) for frame in frames])
-            if len(rest) < 5:
-                raise RemoteError("reply too short")
-            self.tap.signer.verify(rest[0], rest[1:5])
-            return KernelMessage.from_parts(rest[1:], repair=True)
-        except RemoteError as error:
-            self.manager.log.warning("Dropped an invalid reply from %s: %s", self.kernel_id, error)
-            return None
 
     def close(self) -> None:
         self.channels.close()
@@ -134,13 +125,10 @@ class ExecutionManager(LoggingConfigurable):
         "ones; the summary says how many it left out). The whole text is in the transcript.",
     )
 
-    def __init__(
-        self, taps: TapManager, store: TranscriptStore, sockets: KernelSockets, **kwargs: Any
-    ) -> None:
+    def __init__(self, taps: TapManager, store: TranscriptStore, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taps = taps
         self.store = store
-        self.sockets = sockets
         self.executors: dict[str, KernelExecutor] = {}
         #: msg_id -> (kernel_id, transcript head when sent): queued until first seen.
         self._sent: OrderedDict[str, tuple[str, int]] = OrderedDict()

@@ -26,29 +26,22 @@ import datetime
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-import zmq
-from jupyter_client.session import Session
 from jupyter_server._tz import utcnow
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 
 from .broker.base import Broker
-from .core.errors import BadSignature, InvalidMessage, RemoteError, UnknownKernel
-from .core.guards import DigestHistory, withhold_traceback
+from .core.errors import UnknownKernel
+from .core.guards import withhold_traceback
 from .core.health import ComponentHealth, State
-from .core.marks import lifecycle_request, lifecycle_status
-from .core.messages import (
-    KernelMessage,
-    Record,
-    Signer,
-    invalid_placeholder,
-    split_identities,
-)
+from .core.marks import gap_message, lifecycle_request, lifecycle_status
+from .core.messages import KernelMessage, Record, Signer
 from .core.sequencer import Sequencer
-from .kernel_sockets import KernelSockets, channel_url
+from .kernels.base import IOPubSource, KernelLink
+from .kernels.zmq_kernel import HeartbeatSettings, IOPubSettings, KernelSockets
 from .stores.base import TranscriptStore
 
 __all__ = ["KERNEL_ACTIONS_SCHEMA", "KernelTap", "TapManager"]
@@ -94,43 +87,32 @@ def now_iso() -> str:
 
 
 class KernelTap:
-    """Reads one kernel's IOPub for the gateway. Created and driven by :class:`TapManager`."""
+    """Records one kernel's IOPub for the gateway: the kernel's :class:`IOPubSink`.
+    Created and driven by :class:`TapManager`; reads nothing itself (its source does)."""
 
     def __init__(
         self,
         kernel_id: str,
         kernel_manager: Any,
+        link: KernelLink,
         store: TranscriptStore,
         broker: Broker,
         manager: TapManager,
     ) -> None:
         self.kernel_id = kernel_id
         self.kernel_manager = kernel_manager
+        self.link = link
         self.store = store
         self.broker = broker
         self.manager = manager
         self.log = manager.log
-        self.session = Session(
-            key=kernel_manager.session.key,
-            signature_scheme=kernel_manager.session.signature_scheme,
-            username="kernel_gateway_stream",
-        )
-        self.signer = Signer(kernel_manager.session.key, kernel_manager.session.signature_scheme)
+        self.signer: Signer = link.signer  # type: ignore[attr-defined]
+        self.session_id = uuid.uuid4().hex
         self.sequencer = Sequencer(kernel_id)
-        self.history = DigestHistory(manager.replay_history)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.received = 0
-        #: Messages refused: a signature that does not match, or framing that is not a message.
-        self.rejected = 0
-        #: Correctly signed messages seen before (replays), refused.
-        self.replays = 0
-        #: Correctly signed messages that are not messages, recorded as placeholders.
-        self.invalid = 0
-        self._refusals_logged = 0.0
         self._active = False
-        self._iopub: zmq.Socket[bytes] | None = None
-        self._iopub_fd = -1
-        self._nudger: asyncio.Task[None] | None = None
+        self.source: IOPubSource = link.iopub(self)
         self._closed = False
         self._connected_at = time.monotonic()
 
@@ -143,12 +125,29 @@ class KernelTap:
         """True once the Tap stopped (its kernel shut down, or the gateway is stopping)."""
         return self._closed
 
+    @property
+    def rejected(self) -> int:
+        return self.source.rejected
+
+    @property
+    def replays(self) -> int:
+        return self.source.replays
+
+    @property
+    def invalid(self) -> int:
+        return self.source.invalid
+
+    @property
+    def reachable(self) -> bool:
+        return self.source.reachable
+
     async def start(self) -> None:
         """Number from the store's head, subscribe, and start nudging until ready."""
         self.sequencer.head = await self.store.head(self.kernel_id)
         self.broker.open_kernel(self.kernel_id, self.sequencer.head)
         self.store.kernel_started(self.kernel_id, time.time())
-        self._connect()
+        self._connected_at = time.monotonic()
+        self.source.start()
         self.kernel_manager.add_restart_callback(self._on_auto_restart, "restart")
         self.kernel_manager.add_restart_callback(self._on_dead, "dead")
         hooks = getattr(self.kernel_manager, "lifecycle_hooks", None)
@@ -160,89 +159,7 @@ class KernelTap:
         kernel takes to start."""
         return time.monotonic() - self._connected_at > STARTING_GRACE
 
-    def _connect(self) -> None:
-        self._connected_at = time.monotonic()
-        info = self.kernel_manager.get_connection_info()
-        socket = self.manager.sockets.context.socket(zmq.SUB)
-        socket.setsockopt(zmq.RCVHWM, self.manager.iopub_receive_hwm)
-        # The kernel's PUB socket drops what it cannot queue for us (1000 messages by
-        # default) once the TCP buffers between us are full. A fresh connection starts with
-        # a small receive buffer that autotuning grows only later, so a short stall of our
-        # I/O thread early in a burst could cost messages: ask for a large buffer at once.
-        if self.manager.iopub_receive_buffer:
-            socket.setsockopt(zmq.RCVBUF, self.manager.iopub_receive_buffer)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.SUBSCRIBE, b"")
-        socket.connect(channel_url(info, "iopub"))
-        self._iopub = socket
-        self._iopub_fd = cast(int, socket.getsockopt(zmq.FD))
-        # Read straight off the socket's notification fd (edge-triggered: every wake-up
-        # reads until the socket says it has nothing more), not through a ZMQStream, whose
-        # per-message callbacks and end-of-batch exception cost more than the decoding.
-        loop = asyncio.get_running_loop()
-        loop.add_reader(self._iopub_fd, self._on_readable)
-        loop.call_soon(self._on_readable)
-        if self.ready.done():
-            self.ready = asyncio.get_running_loop().create_future()
-        self._nudger = asyncio.ensure_future(self._nudge(info))
-
-    async def _nudge(self, info: dict[str, Any]) -> None:
-        """Send kernel_info_request until IOPub proves the subscription is live."""
-        shell = self.manager.sockets.context.socket(zmq.DEALER)
-        shell.setsockopt(zmq.LINGER, 0)
-        shell.connect(channel_url(info, "shell"))
-        ready = self.ready
-        deadline = time.monotonic() + self.manager.ready_timeout
-        try:
-            while not ready.done():
-                self.session.send(shell, "kernel_info_request")
-                try:
-                    await asyncio.wait_for(asyncio.shield(ready), self.manager.nudge_interval)
-                except asyncio.TimeoutError:
-                    if time.monotonic() > deadline:
-                        self.log.warning(
-                            "No IOPub message from kernel %s in %.0f s; going on unconfirmed",
-                            self.kernel_id,
-                            self.manager.ready_timeout,
-                        )
-                        ready.set_result(None)
-        finally:
-            shell.close(linger=0)
-
-    def _on_readable(self) -> None:
-        """Read what IOPub has queued, in a bounded batch so other work on the loop gets
-        its turn; a batch that hits the bound continues on the next loop iteration."""
-        if self._read(self.manager.iopub_batch, self.manager.iopub_batch_bytes):
-            asyncio.get_running_loop().call_soon(self._on_readable)
-
-    def _read(self, most: int | None, most_bytes: int | None) -> bool:
-        """Read up to ``most`` messages / ``most_bytes``; True if more are waiting."""
-        socket = self._iopub
-        if socket is None or socket.closed:
-            return False
-        count = taken = 0
-        self._active = False
-        try:
-            while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
-                if (most is not None and count >= most) or (
-                    most_bytes is not None and taken >= most_bytes
-                ):
-                    return True
-                frames = socket.recv_multipart(zmq.NOBLOCK)
-                count += 1
-                taken += sum(map(len, frames))
-                try:
-                    self._decode_and_record(frames)
-                except Exception:
-                    # Never stop reading: the fd signals only on an edge, so a batch that
-                    # ends in an exception would leave the socket unread for good.
-                    self.log.exception("Recording an IOPub message of %s failed", self.kernel_id)
-        finally:
-            if count:
-                self._received_batch()
-        return False
-
-    def _received_batch(self) -> None:
+    def batch_received(self) -> None:
         if not self.ready.done():
             self.ready.set_result(None)
             self.manager.retire_activity_watcher(self.kernel_id)
@@ -250,42 +167,31 @@ class KernelTap:
             # Once per batch: last_activity is a trait, and setting one is not free.
             multi = self.manager.kernel_manager
             multi.last_kernel_activity = self.kernel_manager.last_activity = utcnow()
+        self._active = False
 
-    def _decode_and_record(self, frames: list[bytes]) -> None:
-        try:
-            _, rest = split_identities(frames)
-            if len(rest) < 5:
-                raise RemoteError(f"expected a signature and 4 parts, got {len(rest)} frames")
-            self.signer.verify(rest[0], rest[1:5])
-            if self.history.seen(rest[0]):
-                self.replays += 1
-                self._refused(f"a replay of a message already recorded ({self.replays})")
-                return
-            try:
-                message = KernelMessage.from_parts(rest[1:], repair=True)
-            except RemoteError as error:
-                self.invalid += 1
-                invalid = InvalidMessage(str(error), rest[0], rest[1:])
-                message = invalid_placeholder(invalid, date=now_iso(), session=self.session.session)
-        except (BadSignature, RemoteError) as error:
-            self.rejected += 1
-            self._refused(f"an invalid message ({error})")
+    def link_changed(self, reachable: bool, reason: str, lost: int | None) -> None:
+        """The kernel stopped answering, or answers again: recorded as a mark every reader
+        sees; output the source may have missed meanwhile is a gap record."""
+        if self._closed:
             return
-        self._record(message)
-
-    def _refused(self, what: str) -> None:
-        """Log a refusal, at most once per ``refusal_log_interval`` (a kernel can send a
-        great many: the log must not be its megaphone)."""
-        now = time.monotonic()
-        if now - self._refusals_logged >= self.manager.refusal_log_interval:
-            self._refusals_logged = now
-            self.log.warning(
-                "Kernel %s sent %s; refused %d invalid and %d replayed messages so far",
-                self.kernel_id,
-                what,
-                self.rejected,
-                self.replays,
+        if reachable:
+            if lost != 0:
+                self.record_gap(reason, lost)
+            self._record(
+                lifecycle_request("reachable", reason, msg_id=str(uuid.uuid4()), date=now_iso())
             )
+            self.kernel_manager.execution_state = "idle"
+        else:
+            self._record(
+                lifecycle_request("unreachable", reason, msg_id=str(uuid.uuid4()), date=now_iso())
+            )
+            self.kernel_manager.execution_state = "unreachable"
+
+    def record_gap(self, reason: str, lost: int | None) -> None:
+        """One gap record: the source missed ``lost`` messages here (``None``: an unknown
+        number) that no transcript can have."""
+        seq = self.sequencer.head + 1
+        self._record(gap_message(seq, seq, reason, date=now_iso(), lost=lost))
 
     def record_message(self, message: KernelMessage) -> None:
         """Record a message that did not come on IOPub (an ``input_request`` for one of the
@@ -336,32 +242,23 @@ class KernelTap:
             reason,
             msg_id=str(uuid.uuid4()),
             date=now_iso(),
-            session=self.session.session,
+            session=self.session_id,
         )
         self._record(message)
 
     def _drain(self) -> None:
-        """Read whatever IOPub messages are already queued on the socket."""
-        self._read(None, None)
-
-    def _disconnect(self) -> None:
-        if self._nudger is not None:
-            self._nudger.cancel()
-            self._nudger = None
-        socket = self._iopub
-        if socket is not None:
-            self._drain()
-            if not socket.closed:
-                asyncio.get_running_loop().remove_reader(self._iopub_fd)
-                socket.close(linger=0)
-            self._iopub = None
+        """Record whatever IOPub messages have already arrived."""
+        self.source.drain()
 
     def reconnect(self) -> None:
         """After a restart: resubscribe (the ports may have changed) and nudge again."""
         if self._closed:
             return
-        self._disconnect()
-        self._connect()
+        self._connected_at = time.monotonic()
+        self.source.drain()
+        if self.ready.done():
+            self.ready = asyncio.get_running_loop().create_future()
+        self.source.reconnect()
 
     def _on_auto_restart(self) -> None:
         self.record_mark("restarting", "kernel_died")
@@ -389,7 +286,7 @@ class KernelTap:
     def stop(self) -> None:
         """Stop reading, keeping the kernel's state (the gateway itself is shutting down)."""
         self._closed = True
-        self._disconnect()
+        self.source.stop()
 
     def close(self) -> None:
         """Stop tapping: the kernel shut down. Records that it did (a ``dead`` status,
@@ -398,7 +295,7 @@ class KernelTap:
             return
         self.record_mark("dead", "shutdown")
         self._closed = True
-        self._disconnect()
+        self.source.stop()
         for callback, event in ((self._on_auto_restart, "restart"), (self._on_dead, "dead")):
             with contextlib.suppress(ValueError):
                 self.kernel_manager.remove_restart_callback(callback, event)
@@ -462,6 +359,18 @@ class TapManager(LoggingConfigurable):
         config=True,
         help="Seconds between two log lines about the invalid or replayed messages a kernel "
         "sends (each is counted; the health endpoint has the counts).",
+    )
+    heartbeat_interval = Float(
+        3.0,
+        config=True,
+        help="Seconds between heartbeat pings to a kernel whose process the gateway does not "
+        "watch (attached by connection info, or in a network of its own).",
+    )
+    heartbeat_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds without a heartbeat echo after which such a kernel shows as unreachable "
+        "(kernel status, transcript, health) until it answers again.",
     )
     reconcile_interval = Float(
         5.0,
@@ -532,8 +441,9 @@ class TapManager(LoggingConfigurable):
         future: asyncio.Future[KernelTap] = asyncio.get_running_loop().create_future()
         self._starting[kernel_id] = future
         try:
+            kernel = self.kernel_manager.get_kernel(kernel_id)
             tap = KernelTap(
-                kernel_id, self.kernel_manager.get_kernel(kernel_id), self.store, self.broker, self
+                kernel_id, kernel, self.link_for(kernel_id, kernel), self.store, self.broker, self
             )
             await tap.start()
         except BaseException as error:
@@ -546,6 +456,37 @@ class TapManager(LoggingConfigurable):
         future.set_result(tap)
         self.log.info("Tapping kernel %s from seq %s", kernel_id, tap.head + 1)
         return tap
+
+    def link_for(self, kernel_id: str, kernel: Any) -> KernelLink:
+        """How to reach ``kernel`` (a kernel manager): its own link if it makes one (a kernel
+        behind an upstream gateway), else ZMQ sockets from its connection info, with a
+        heartbeat when the gateway cannot watch the kernel's process
+        (``kernel.watch_heartbeat``)."""
+        make_link = getattr(kernel, "make_link", None)
+        if make_link is not None:
+            link: KernelLink = make_link(self)
+            return link
+        session = kernel.session
+        zmq_link = self.sockets.link(
+            kernel_id,
+            kernel.get_connection_info,
+            key=session.key,
+            signature_scheme=session.signature_scheme,
+            log=self.log,
+        )
+        zmq_link.settings = IOPubSettings(
+            receive_hwm=self.iopub_receive_hwm,
+            receive_buffer=self.iopub_receive_buffer,
+            batch=self.iopub_batch,
+            batch_bytes=self.iopub_batch_bytes,
+            nudge_interval=self.nudge_interval,
+            ready_timeout=self.ready_timeout,
+            replay_history=self.replay_history,
+            refusal_log_interval=self.refusal_log_interval,
+        )
+        if getattr(kernel, "watch_heartbeat", False):
+            zmq_link.heartbeat = HeartbeatSettings(self.heartbeat_interval, self.heartbeat_timeout)
+        return zmq_link
 
     def retire_activity_watcher(self, kernel_id: str) -> None:
         """Close jupyter_server's own IOPub activity watcher for a tapped kernel.
@@ -631,6 +572,10 @@ class TapManager(LoggingConfigurable):
         # A kernel takes a second or so to answer at start (or after a restart): that is
         # starting, not a fault. One that does not answer for STARTING_GRACE seconds is.
         late = [tap.kernel_id for tap in taps if tap.kernel_id in waiting and tap.late()]
+        unreachable = [tap.kernel_id for tap in taps if not tap.reachable]
+        if unreachable:
+            details["unreachable"] = unreachable
+            return ComponentHealth("taps", State.DEGRADED, "kernel_unreachable", details)
         if late:
             details["not_answering"] = late
             return ComponentHealth("taps", State.DEGRADED, "kernel_not_ready", details)

@@ -13,6 +13,9 @@ so that readers learn what no kernel can tell them:
   a shutdown is asked for, before the kernel goes: ``{"event", "reason"}``. The kernel may
   still report (ipykernel interrupts the running cell when asked to go); an execution that
   ends then keeps the request's reason beside its own status.
+  Also recorded this way: a kernel that stops answering (``event`` ``unreachable``,
+  reason ``heartbeat_timeout`` or ``upstream_unreachable``) and answers again
+  (``reachable``); an execution running meanwhile keeps that reason.
 * **Gap records** (``kernel_gateway_stream_gap``). One record stands for the sequence
   numbers ``first_seq..last_seq`` that hold nothing: numbers given out, or reserved, that
   the transcript could not keep (the gateway was killed before they were durable, the
@@ -78,13 +81,23 @@ def lifecycle_request(event: str, reason: str, *, msg_id: str, date: str) -> Ker
     )
 
 
-def gap_message(first_seq: int, last_seq: int, reason: str, *, date: str) -> KernelMessage:
-    """The message of a gap record covering ``first_seq..last_seq`` (inclusive)."""
+def gap_message(
+    first_seq: int, last_seq: int, reason: str, *, date: str, lost: int | None = -1
+) -> KernelMessage:
+    """The message of a gap record covering ``first_seq..last_seq`` (inclusive).
+
+    ``lost``, when given (not -1), says how many of the kernel's messages are missing here
+    (``None``: an unknown number): a gap where a source (a kernel that stopped answering,
+    an upstream gateway) may have lost output that no transcript can have, rather than
+    numbers given out and not kept (those are the range itself)."""
     if not 0 < first_seq <= last_seq:
         raise ValueError(f"bad gap {first_seq}..{last_seq}")
+    content: dict[str, Any] = {"first_seq": first_seq, "last_seq": last_seq, "reason": reason}
+    if lost != -1:
+        content["lost"] = lost
     return KernelMessage.synthesize(
         GAP_MSG_TYPE,
-        {"first_seq": first_seq, "last_seq": last_seq, "reason": reason},
+        content,
         msg_id=f"gap-{first_seq}-{last_seq}",
         date=date,
         session="",

@@ -43,7 +43,7 @@ from ..core.errors import LocalError, MalformedMessage, SequenceAhead, UnknownKe
 from ..core.frames import Frame
 from ..core.messages import Signer
 from ..core.wire import Protocol, decode_incoming
-from ..kernel_sockets import KernelChannels
+from ..kernels.base import KernelChannels
 from .common import KERNEL_ACTION, SETTINGS_KEY, Services, discarded_notice, parse_seq
 from .sessions import KernelSession
 
@@ -114,7 +114,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
     def channels(self) -> dict[str, Any]:
         """The session's open kernel sockets by channel (none until a first request)."""
         channels = self.kernel_session.channels if self.kernel_session else None
-        return dict(channels.streams) if channels is not None else {}
+        return dict(getattr(channels, "streams", {})) if channels is not None else {}
 
     async def prepare(self) -> None:
         """Before the upgrade: make sure the kernel is tapped and its IOPub subscription live."""
@@ -284,7 +284,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
     def _send(self, channel: str, parts: list[bytes]) -> None:
         channels = self._channels()
         if channels is not None:
-            channels.send(channel, parts, self.tap.signer)
+            channels.send(channel, parts)
 
     # -- kernel -> client (shell, control, stdin replies) ------------------------------
 

@@ -27,7 +27,6 @@ from ..core.frames import Frame, SharedMerges
 from ..core.health import ComponentHealth
 from ..core.messages import KernelMessage, load_json_object
 from ..core.subscription import SubscriberQueue
-from ..kernel_sockets import KernelSockets
 from ..stores.base import TranscriptStore
 from ..tap import TapManager
 from .sessions import SessionRegistry
@@ -74,7 +73,6 @@ class Services:
     store: TranscriptStore
     broker: Broker
     taps: TapManager
-    sockets: KernelSockets
     sessions: SessionRegistry
     executions: ExecutionManager
     policy: QueuePolicy = field(default_factory=QueuePolicy)

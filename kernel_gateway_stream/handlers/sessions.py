@@ -5,7 +5,7 @@ a client that comes back with the same ``session_id`` gets the ``execute_reply``
 sent while it was away (without it, JupyterLab shows the cell as ``[*]`` for ever). Here a
 :class:`KernelSession` holds, per kernel and session id:
 
-* the shell, control and stdin DEALERs (:class:`~..kernel_sockets.KernelChannels`), with
+* the shell, control and stdin DEALERs (:class:`~..kernels.base.KernelChannels`), with
   the session id as their identity, opened at the first request;
 * while no connection is attached, the replies the kernel sends: at most
   ``max_replies`` and ``max_bytes``, each with the head of the kernel's IOPub transcript
@@ -27,12 +27,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from ..core.errors import RemoteError
 from ..core.frames import Frame
 from ..core.guards import withhold_traceback
 from ..core.handoff import HeldReply
-from ..core.messages import KernelMessage, Signer, split_identities
-from ..kernel_sockets import KernelChannels, KernelSockets
+from ..core.messages import KernelMessage, Signer
+from ..kernels.base import KernelChannels
 from ..tap import KernelTap
 
 __all__ = ["KernelSession", "SessionRegistry"]
@@ -71,9 +70,8 @@ class KernelSession:
     def open(self, identity: bytes) -> KernelChannels:
         """The session's channels, opened at its first request."""
         if self.channels is None or self.channels.closed:
-            info = self.tap.kernel_manager.get_connection_info()
-            self.channels = self.registry.sockets.channels(
-                info, identity, self._on_reply, handshake_timeout=self.registry.handshake_timeout
+            self.channels = self.tap.link.channels(
+                identity, self._on_reply, handshake_timeout=self.registry.handshake_timeout
             )
         return self.channels
 
@@ -100,16 +98,7 @@ class KernelSession:
         else:
             self.close()
 
-    def _on_reply(self, channel: str, frames: list[Any]) -> None:
-        try:
-            _, rest = split_identities([bytes(frame) for frame in frames])
-            if len(rest) < 5:
-                raise RemoteError("reply too short")
-            self.signer.verify(rest[0], rest[1:5])
-            message = KernelMessage.from_parts(rest[1:], repair=True)
-        except RemoteError as error:
-            self.registry.log.warning("Dropped an invalid %s reply: %s", channel, error)
-            return
+    def _on_reply(self, channel: str, message: KernelMessage) -> None:
         manager = self.tap.manager
         if not manager.tracebacks_allowed:
             message = withhold_traceback(message, manager.traceback_replacement)
@@ -142,7 +131,6 @@ class SessionRegistry:
 
     def __init__(
         self,
-        sockets: KernelSockets,
         log: Any,
         *,
         grace: float,
@@ -151,7 +139,6 @@ class SessionRegistry:
         max_away: int = 1000,
         handshake_timeout: float = 5.0,
     ) -> None:
-        self.sockets = sockets
         self.log = log
         #: Seconds a named session's channels outlive the connection that dropped.
         self.grace = grace

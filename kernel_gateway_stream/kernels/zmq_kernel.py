@@ -1,0 +1,508 @@
+"""Kernels reachable by ZMQ connection info: the one module of the gateway that opens ZMQ
+sockets on kernels.
+
+Kernels the gateway started, kernels attached by connection info (a connection file, a
+kernel in a container or another host) and kernels in their own network namespace are all
+reached this way. :class:`KernelSockets` owns the ZMQ context; for each kernel it makes a
+:class:`ZmqKernelLink`, which makes
+
+* the kernel's :class:`ZmqIOPubSource`: one SUB socket, read straight off its fd in bounded
+  batches, every message's signature checked and verbatim replays refused before the Tap
+  sees it; optionally a heartbeat that says when the kernel stops answering;
+* :class:`ZmqChannels` per client: shell, control and stdin DEALERs with one identity.
+
+ZMQ details that matter here:
+
+* **Slow joiner.** A SUB socket misses whatever its PUB publishes before the subscription
+  reaches it. The source therefore sends ``kernel_info_request`` on a shell socket of its
+  own until an IOPub message arrives, and only then is the Tap ready; client connections
+  and the execute API wait for that before they send the kernel anything.
+* **No drops.** The SUB socket's receive high-water mark is bounded but large, and a
+  kernel started through the gateway's launcher queues instead of dropping.
+* **The stdin handshake.** The kernel's stdin ROUTER silently drops an ``input_request``
+  for an identity whose connection it does not know yet, so a request that may ask for
+  input waits for :attr:`ZmqChannels.ready`: the stdin socket's monitor reports
+  ``ZMQ_EVENT_HANDSHAKE_SUCCEEDED`` (or a timeout passes: the kernel may be gone, and the
+  request should go anyway).
+* **Heartbeat.** For a kernel whose process the gateway cannot watch (attached, or behind
+  a network that can fail), a REQ socket pings the kernel's heartbeat port; no echo for
+  ``timeout`` seconds and the kernel is unreachable until it echoes again. Whether the
+  IOPub connection itself dropped meanwhile (a SUB monitor sees it) decides whether output
+  may have been lost: a TCP connection that survived a dead link delivers everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import zmq
+import zmq.asyncio
+from jupyter_client.session import Session
+from zmq.eventloop.zmqstream import ZMQStream
+
+from ..core.errors import BadSignature, InvalidMessage, RemoteError
+from ..core.guards import DigestHistory
+from ..core.messages import (
+    DELIMITER,
+    KernelMessage,
+    Signer,
+    invalid_placeholder,
+    split_identities,
+)
+from .base import IOPubSink, ReplyCallback
+
+__all__ = [
+    "CHANNELS",
+    "HeartbeatSettings",
+    "IOPubSettings",
+    "KernelSockets",
+    "ZmqChannels",
+    "ZmqIOPubSource",
+    "ZmqKernelLink",
+    "channel_url",
+    "decode_signed",
+]
+
+CHANNELS = ("shell", "control", "stdin")
+
+#: ``connection_info()``: a kernel's connection info as it is now (a restart may move ports).
+InfoGetter = Callable[[], dict[str, Any]]
+
+
+def channel_url(info: dict[str, Any], channel: str) -> str:
+    """The ZMQ address of a kernel's channel, from its connection info."""
+    port = info[f"{channel}_port"]
+    if info.get("transport", "tcp") == "ipc":
+        return f"ipc://{info['ip']}-{port}"
+    return f"tcp://{info['ip']}:{port}"
+
+
+def decode_signed(frames: list[Any], signer: Signer) -> KernelMessage:
+    """A message from ZMQ frames, its signature checked.
+
+    Raises:
+        RemoteError: not a message, or a bad signature (BadSignature is one).
+    """
+    _, rest = split_identities([bytes(frame) for frame in frames])
+    if len(rest) < 5:
+        raise RemoteError(f"expected a signature and 4 parts, got {len(rest)} frames")
+    signer.verify(rest[0], rest[1:5])
+    return KernelMessage.from_parts(rest[1:], repair=True)
+
+
+@dataclass(frozen=True)
+class IOPubSettings:
+    """How an IOPub source reads (the TapManager's options)."""
+
+    receive_hwm: int
+    receive_buffer: int
+    batch: int
+    batch_bytes: int
+    nudge_interval: float
+    ready_timeout: float
+    replay_history: int
+    refusal_log_interval: float
+
+
+@dataclass(frozen=True)
+class HeartbeatSettings:
+    """Ping every ``interval`` seconds; unreachable after ``timeout`` seconds without echo."""
+
+    interval: float
+    timeout: float
+
+
+class KernelSockets:
+    """Owns the ZMQ context every socket of the gateway is made in."""
+
+    def __init__(self) -> None:
+        self.context = zmq.Context()
+        # One SUB per kernel plus three DEALERs per client that talks to a kernel: more
+        # than libzmq's default of 1023 sockets on a busy gateway.
+        self.context.set(zmq.MAX_SOCKETS, 65536)
+        self.async_context = zmq.asyncio.Context.shadow(self.context.underlying)
+
+    def link(
+        self,
+        kernel_id: str,
+        connection_info: InfoGetter,
+        *,
+        key: bytes,
+        signature_scheme: str,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> ZmqKernelLink:
+        """How to reach a kernel by its connection info."""
+        return ZmqKernelLink(self, kernel_id, connection_info, key, signature_scheme, log)
+
+    def close(self) -> None:
+        self.context.destroy(linger=0)
+
+
+class ZmqKernelLink:
+    """One kernel reachable by connection info (see :class:`..base.KernelLink`)."""
+
+    kind = "zmq"
+
+    def __init__(
+        self,
+        sockets: KernelSockets,
+        kernel_id: str,
+        connection_info: InfoGetter,
+        key: bytes,
+        signature_scheme: str,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        self.sockets = sockets
+        self.kernel_id = kernel_id
+        self.connection_info = connection_info
+        self.key = key
+        self.signature_scheme = signature_scheme
+        self.signer = Signer(key, signature_scheme)
+        self.log = log
+        #: Set by the Tap's manager before :meth:`iopub`.
+        self.settings: IOPubSettings | None = None
+        self.heartbeat: HeartbeatSettings | None = None
+
+    def iopub(self, sink: IOPubSink) -> ZmqIOPubSource:
+        assert self.settings is not None
+        return ZmqIOPubSource(self, sink, self.settings, self.heartbeat)
+
+    def channels(
+        self, identity: bytes, on_reply: ReplyCallback, *, handshake_timeout: float
+    ) -> ZmqChannels:
+        return ZmqChannels(self, identity, on_reply, handshake_timeout)
+
+
+class ZmqChannels:
+    """shell, control and stdin DEALERs with one identity on one kernel; see the module
+    docstring for :attr:`ready`. Made by :meth:`ZmqKernelLink.channels`."""
+
+    def __init__(
+        self,
+        link: ZmqKernelLink,
+        identity: bytes,
+        on_reply: ReplyCallback,
+        handshake_timeout: float,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self.link = link
+        self.identity = identity
+        self.on_reply = on_reply
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.handshaken = False
+        self.streams: dict[str, ZMQStream] = {}
+        self._monitor: ZMQStream | None = None
+        info = link.connection_info()
+        for channel in CHANNELS:
+            socket = link.sockets.context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.IDENTITY, identity)
+            socket.setsockopt(zmq.LINGER, 0)
+            if channel == "stdin":
+                monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                self._monitor = ZMQStream(monitor)
+                self._monitor.on_recv(lambda _: self._handshake_done(True))
+            socket.connect(channel_url(info, channel))
+            stream = ZMQStream(socket)
+            stream.on_recv(self._deliver(channel))
+            self.streams[channel] = stream
+        self._timer = loop.call_later(handshake_timeout, self._handshake_done, False)
+
+    def _deliver(self, channel: str) -> Callable[[list[Any]], None]:
+        def deliver(frames: list[Any]) -> None:
+            try:
+                message = decode_signed(frames, self.link.signer)
+            except RemoteError as error:
+                self.link.log.warning(
+                    "Dropped an invalid %s reply from %s: %s", channel, self.link.kernel_id, error
+                )
+                return
+            self.on_reply(channel, message)
+
+        return deliver
+
+    def _handshake_done(self, handshaken: bool) -> None:
+        self._timer.cancel()
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            stdin = self.streams.get("stdin")
+            if stdin is not None and not stdin.closed():
+                stdin.socket.disable_monitor()
+            monitor.close(linger=0)
+        self.handshaken = handshaken
+        if not self.ready.done():
+            self.ready.set_result(None)
+
+    def send(self, channel: str, parts: list[bytes]) -> None:
+        """Send ``[header, parent, metadata, content, *buffers]``, signed, on ``channel``.
+        Straight to the socket, not through ZMQStream's send queue, which a close right
+        after would discard."""
+        stream = self.streams.get(channel)
+        if stream is not None and not stream.closed():
+            stream.socket.send_multipart([DELIMITER, self.link.signer.sign(parts), *parts])
+
+    @property
+    def closed(self) -> bool:
+        return not self.streams
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the sockets; with ``linger_ms``, what was just sent still goes out."""
+        self._handshake_done(self.handshaken)
+        for stream in self.streams.values():
+            if not stream.closed():
+                stream.on_recv(None)
+                stream.close(linger=linger_ms)
+        self.streams = {}
+
+
+class ZmqIOPubSource:
+    """A kernel's IOPub over one SUB socket, for its Tap (see the module docstring)."""
+
+    def __init__(
+        self,
+        link: ZmqKernelLink,
+        sink: IOPubSink,
+        settings: IOPubSettings,
+        heartbeat: HeartbeatSettings | None,
+    ) -> None:
+        self.link = link
+        self.sink = sink
+        self.settings = settings
+        self.heartbeat = heartbeat
+        self.log = link.log
+        self.kernel_id = link.kernel_id
+        self.session = Session(
+            key=link.key, signature_scheme=link.signature_scheme, username="kernel_gateway_stream"
+        )
+        self.signer = link.signer
+        self.history = DigestHistory(settings.replay_history)
+        self.rejected = 0
+        self.replays = 0
+        self.invalid = 0
+        self.reachable = True
+        #: Times the IOPub connection dropped (a SUB monitor counts them).
+        self.disconnects = 0
+        self._refusals_logged = 0.0
+        self._socket: zmq.Socket[bytes] | None = None
+        self._fd = -1
+        self._monitor: ZMQStream | None = None
+        self._nudger: asyncio.Task[None] | None = None
+        self._pinger: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def start(self) -> None:
+        self._connect()
+        if self.heartbeat is not None:
+            self._pinger = asyncio.ensure_future(self._ping(self.heartbeat))
+
+    def _connect(self) -> None:
+        settings = self.settings
+        info = self.link.connection_info()
+        socket = self.link.sockets.context.socket(zmq.SUB)
+        socket.setsockopt(zmq.RCVHWM, settings.receive_hwm)
+        # The kernel's PUB socket drops what it cannot queue for us (1000 messages by
+        # default) once the TCP buffers between us are full. A fresh connection starts with
+        # a small receive buffer that autotuning grows only later, so a short stall of our
+        # I/O thread early in a burst could cost messages: ask for a large buffer at once.
+        if settings.receive_buffer:
+            socket.setsockopt(zmq.RCVBUF, settings.receive_buffer)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        if self.heartbeat is not None:
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitor = ZMQStream(monitor)
+            self._monitor.on_recv(self._on_disconnect)
+        socket.connect(channel_url(info, "iopub"))
+        self._socket = socket
+        self._fd = cast(int, socket.getsockopt(zmq.FD))
+        # Read straight off the socket's notification fd (edge-triggered: every wake-up
+        # reads until the socket says it has nothing more), not through a ZMQStream, whose
+        # per-message callbacks and end-of-batch exception cost more than the decoding.
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._fd, self._on_readable)
+        loop.call_soon(self._on_readable)
+        self._nudger = asyncio.ensure_future(self._nudge(info))
+
+    def _on_disconnect(self, _: list[Any]) -> None:
+        self.disconnects += 1
+
+    async def _nudge(self, info: dict[str, Any]) -> None:
+        """Send kernel_info_request until IOPub proves the subscription is live."""
+        shell = self.link.sockets.context.socket(zmq.DEALER)
+        shell.setsockopt(zmq.LINGER, 0)
+        shell.connect(channel_url(info, "shell"))
+        ready = self.sink.ready
+        deadline = time.monotonic() + self.settings.ready_timeout
+        try:
+            while not ready.done():
+                self.session.send(shell, "kernel_info_request")
+                try:
+                    await asyncio.wait_for(asyncio.shield(ready), self.settings.nudge_interval)
+                except asyncio.TimeoutError:
+                    if time.monotonic() > deadline:
+                        self.log.warning(
+                            "No IOPub message from kernel %s in %.0f s; going on unconfirmed",
+                            self.kernel_id,
+                            self.settings.ready_timeout,
+                        )
+                        ready.set_result(None)
+        finally:
+            shell.close(linger=0)
+
+    def _on_readable(self) -> None:
+        """Read what IOPub has queued, in a bounded batch so other work on the loop gets
+        its turn; a batch that hits the bound continues on the next loop iteration."""
+        if self._read(self.settings.batch, self.settings.batch_bytes):
+            asyncio.get_running_loop().call_soon(self._on_readable)
+
+    def _read(self, most: int | None, most_bytes: int | None) -> bool:
+        """Read up to ``most`` messages / ``most_bytes``; True if more are waiting."""
+        socket = self._socket
+        if socket is None or socket.closed:
+            return False
+        count = taken = 0
+        try:
+            while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
+                if (most is not None and count >= most) or (
+                    most_bytes is not None and taken >= most_bytes
+                ):
+                    return True
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+                count += 1
+                taken += sum(map(len, frames))
+                try:
+                    self._decode_and_hand_over(frames)
+                except Exception:
+                    # Never stop reading: the fd signals only on an edge, so a batch that
+                    # ends in an exception would leave the socket unread for good.
+                    self.log.exception("Recording an IOPub message of %s failed", self.kernel_id)
+        finally:
+            if count:
+                self.sink.batch_received()
+        return False
+
+    def _decode_and_hand_over(self, frames: list[bytes]) -> None:
+        try:
+            _, rest = split_identities(frames)
+            if len(rest) < 5:
+                raise RemoteError(f"expected a signature and 4 parts, got {len(rest)} frames")
+            self.signer.verify(rest[0], rest[1:5])
+            if self.history.seen(rest[0]):
+                self.replays += 1
+                self._refused(f"a replay of a message already recorded ({self.replays})")
+                return
+            try:
+                message = KernelMessage.from_parts(rest[1:], repair=True)
+            except RemoteError as error:
+                self.invalid += 1
+                invalid = InvalidMessage(str(error), rest[0], rest[1:])
+                message = invalid_placeholder(
+                    invalid, date=_now_iso(), session=self.session.session
+                )
+        except (BadSignature, RemoteError) as error:
+            self.rejected += 1
+            self._refused(f"an invalid message ({error})")
+            return
+        self.sink.record_message(message)
+
+    def _refused(self, what: str) -> None:
+        """Log a refusal, at most once per ``refusal_log_interval`` (a kernel can send a
+        great many: the log must not be its megaphone)."""
+        now = time.monotonic()
+        if now - self._refusals_logged >= self.settings.refusal_log_interval:
+            self._refusals_logged = now
+            self.log.warning(
+                "Kernel %s sent %s; refused %d invalid and %d replayed messages so far",
+                self.kernel_id,
+                what,
+                self.rejected,
+                self.replays,
+            )
+
+    def drain(self) -> None:
+        self._read(None, None)
+
+    async def _ping(self, heartbeat: HeartbeatSettings) -> None:
+        """Ping the kernel's heartbeat port; tell the sink when it stops and starts echoing."""
+        context = self.link.sockets.async_context
+        socket: zmq.asyncio.Socket | None = None
+        answered = time.monotonic()
+        disconnects_then = 0
+        try:
+            while not self._stopped:
+                if socket is None:
+                    socket = context.socket(zmq.REQ)
+                    socket.setsockopt(zmq.LINGER, 0)
+                    socket.connect(channel_url(self.link.connection_info(), "hb"))
+                started = time.monotonic()
+                try:
+                    await socket.send(b"ping")
+                    await asyncio.wait_for(socket.recv(), heartbeat.timeout)
+                except asyncio.TimeoutError:
+                    # A REQ socket must get its reply before it sends again: start afresh.
+                    socket.close(linger=0)
+                    socket = None
+                    if self.reachable and time.monotonic() - answered >= heartbeat.timeout:
+                        self.reachable = False
+                        disconnects_then = self.disconnects
+                        self.log.warning(
+                            "Kernel %s does not answer its heartbeat (%.0f s)",
+                            self.kernel_id,
+                            heartbeat.timeout,
+                        )
+                        self.sink.link_changed(False, "heartbeat_timeout", None)
+                    continue
+                answered = time.monotonic()
+                if not self.reachable:
+                    self.reachable = True
+                    self.drain()
+                    # A connection that survived delivered everything, in order; one that
+                    # dropped may have missed what the kernel published meanwhile.
+                    lost = None if self.disconnects != disconnects_then else 0
+                    self.log.warning("Kernel %s answers its heartbeat again", self.kernel_id)
+                    self.sink.link_changed(True, "heartbeat_answered", lost)
+                await asyncio.sleep(max(0.0, heartbeat.interval - (answered - started)))
+        finally:
+            if socket is not None:
+                socket.close(linger=0)
+
+    def _disconnect(self) -> None:
+        if self._nudger is not None:
+            self._nudger.cancel()
+            self._nudger = None
+        monitor, self._monitor = self._monitor, None
+        socket = self._socket
+        if socket is not None:
+            self.drain()
+            if not socket.closed:
+                if monitor is not None:
+                    with contextlib.suppress(zmq.ZMQError):
+                        socket.disable_monitor()
+                asyncio.get_running_loop().remove_reader(self._fd)
+                socket.close(linger=0)
+            self._socket = None
+        if monitor is not None:
+            monitor.close(linger=0)
+
+    def reconnect(self) -> None:
+        if self._stopped:
+            return
+        self._disconnect()
+        self._connect()
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._pinger is not None:
+            self._pinger.cancel()
+            self._pinger = None
+        self._disconnect()
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
