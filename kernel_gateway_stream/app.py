@@ -46,11 +46,17 @@ from .handlers.execute import (
     ExecutionInterruptHandler,
 )
 from .handlers.health import HealthHandler
+from .handlers.kernels import (
+    AttachingKernelsHandler,
+    DetachingKernelHandler,
+    KernelActionsHandler,
+)
 from .handlers.page import PAGE_PATH, PageAssetHandler, PageHandler
 from .handlers.sessions import SessionRegistry
 from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
 from .kernels import StreamKernelManager, StreamMappingKernelManager
+from .kernels.attaching import KernelAttacher
 from .kernels.zmq_kernel import KernelSockets
 from .logs import LogSetup
 from .memory import HeapTrimmer
@@ -177,6 +183,7 @@ class GatewayStreamApp(ExtensionApp):
         SQLiteTranscriptStore,
         MemoryBroker,
         ExecutionManager,
+        KernelAttacher,
     ]
 
     @default("open_browser")
@@ -368,6 +375,7 @@ class GatewayStreamApp(ExtensionApp):
             kernel_manager, self.store, self.broker, self.sockets, parent=self, log=self.log
         )
         self.executions = ExecutionManager(self.taps, self.store, parent=self, log=self.log)
+        self.attacher = KernelAttacher(kernel_manager, self.sockets, parent=self, log=self.log)
         self.services = Services(
             store=self.store,
             broker=self.broker,
@@ -378,6 +386,7 @@ class GatewayStreamApp(ExtensionApp):
                 max_away=self.max_sessions_away,
             ),
             executions=self.executions,
+            attacher=self.attacher,
             policy=QueuePolicy(
                 self.subscriber_max_bytes, self.subscriber_max_lag, self.subscriber_merge_max_bytes
             ),
@@ -448,6 +457,9 @@ class GatewayStreamApp(ExtensionApp):
     def initialize_handlers(self) -> None:
         self.handlers.extend(
             [
+                (r"/api/kernels", AttachingKernelsHandler),
+                (rf"/api/kernels/{_KERNEL_ID}", DetachingKernelHandler),
+                (rf"/api/kernels/{_KERNEL_ID}/(?P<action>restart|interrupt)", KernelActionsHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/transcript", TranscriptHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/stream", StreamHandler),
@@ -467,6 +479,7 @@ class GatewayStreamApp(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.taps.start()
+        self.attacher.start()
         self._health_watch = PeriodicCallback(self._watch_health, self.health_check_interval * 1000)
         self._health_watch.start()
         self.trimmer = HeapTrimmer(self.heap_trim_interval, self.heap_trim_threshold)
@@ -510,6 +523,7 @@ class GatewayStreamApp(ExtensionApp):
         now = time.time()
         for kernel_id in list(self.taps.taps):
             self.store.kernel_ended(kernel_id, now)
+        self.attacher.stop()
         self.taps.close()
         await self.services.gateway_stopping(self.shutdown_drain_timeout)
         self.executions.close()

@@ -273,7 +273,7 @@ class KernelTap:
         if self._closed:
             return
         self._drain()
-        event = f"{what}_requested" if what == "shutdown" else what
+        event = f"{what}_requested" if what in ("shutdown", "detach") else what
         self._record(lifecycle_request(event, what, msg_id=str(uuid.uuid4()), date=now_iso()))
 
     def restarted(self) -> None:
@@ -289,11 +289,13 @@ class KernelTap:
         self.source.stop()
 
     def close(self) -> None:
-        """Stop tapping: the kernel shut down. Records that it did (a ``dead`` status,
-        reason ``shutdown``: executions still running end ``died``)."""
+        """Stop tapping: the kernel shut down (or was detached: it runs on, without the
+        gateway). Records that it did (a ``dead`` status, reason ``shutdown`` or
+        ``detached``: executions still running end ``died``)."""
         if self._closed:
             return
-        self.record_mark("dead", "shutdown")
+        leaving = getattr(self.kernel_manager, "leaving", "shutdown")
+        self.record_mark("dead", "detached" if leaving == "detach" else "shutdown")
         self._closed = True
         self.source.stop()
         for callback, event in ((self._on_auto_restart, "restart"), (self._on_dead, "dead")):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -83,6 +83,23 @@ class GatewayClient(ClientBase):
 
     async def shutdown(self, kernel_id: str) -> None:
         await self._perform(api.shutdown(kernel_id))
+
+    async def attach_kernel(
+        self,
+        connection_info: Mapping[str, Any],
+        *,
+        name: str | None = None,
+        display_name: str | None = None,
+        kernel_id: str | None = None,
+    ) -> str:
+        """Attach a running kernel by its connection info (a connection file's fields);
+        its kernel id (``kernel_id`` again, to number its transcript on)."""
+        call = api.attach_kernel(connection_info, name, display_name, kernel_id)
+        return await self._perform(call)
+
+    async def detach(self, kernel_id: str) -> None:
+        """Stop following an attached kernel; it runs on."""
+        await self._perform(api.detach(kernel_id))
 
     # -- transcripts -----------------------------------------------------------------
 

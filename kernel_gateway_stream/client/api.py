@@ -154,6 +154,23 @@ def start_kernel(name: str | None) -> Call[str]:
     return _post("/api/kernels", {"name": name} if name else {}, lambda body: _json(body)["id"])
 
 
+def attach_kernel(
+    connection_info: Mapping[str, Any],
+    name: str | None,
+    display_name: str | None,
+    kernel_id: str | None,
+) -> Call[str]:
+    body: dict[str, Any] = {"connection_info": dict(connection_info)}
+    for key, value in (("name", name), ("display_name", display_name), ("id", kernel_id)):
+        if value is not None:
+            body[key] = value
+    return _post("/api/kernels", body, lambda reply: _json(reply)["id"])
+
+
+def detach(kernel_id: str) -> Call[None]:
+    return Call("DELETE", kernel_path(kernel_id), query({"shutdown": "false"}), read=_nothing)
+
+
 def list_kernels() -> Call[list[dict[str, Any]]]:
     return Call("GET", "/api/kernels")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -59,6 +59,20 @@ class SyncGatewayClient(ClientBase):
 
     def shutdown(self, kernel_id: str) -> None:
         self._perform(api.shutdown(kernel_id))
+
+    def attach_kernel(
+        self,
+        connection_info: Mapping[str, Any],
+        *,
+        name: str | None = None,
+        display_name: str | None = None,
+        kernel_id: str | None = None,
+    ) -> str:
+        """As :meth:`GatewayClient.attach_kernel`."""
+        return self._perform(api.attach_kernel(connection_info, name, display_name, kernel_id))
+
+    def detach(self, kernel_id: str) -> None:
+        self._perform(api.detach(kernel_id))
 
     def transcript(self, kernel_id: str, **params: Any) -> dict[str, Any]:
         return self._perform(api.transcript(kernel_id, params))

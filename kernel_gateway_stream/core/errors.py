@@ -5,12 +5,16 @@ The tree::
     GatewayStreamError
     ├── LocalError                 the caller misused us (maps to HTTP 4xx / WS 4xxx)
     │   ├── BadRequest             a parameter is malformed or out of range      (400)
-    │   │   └── SequenceAhead      ``since`` is past the kernel's head           (400)
+    │   │   ├── SequenceAhead      ``since`` is past the kernel's head           (400)
+    │   │   ├── InvalidConnectionInfo  connection info to attach that is not valid (400)
+    │   │   └── KernelNotAnswering a kernel to attach does not answer            (400)
     │   ├── UnknownKernel          no running kernel and no transcript           (404)
     │   ├── UnknownExecution       no execution with that msg_id on the kernel   (404)
     │   ├── MethodNotAllowed       a method the endpoint does not serve          (405)
     │   ├── NoInputPending         input for an execution that is not asking     (409)
     │   ├── ExecutionNotRunning    interrupt of an execution that is not running (409)
+    │   ├── KernelNotOwned         restart of a kernel the gateway did not start (409)
+    │   ├── KernelExists           attach under the id of a kernel it has        (409)
     │   └── PayloadTooLarge        a request body over the configured limit      (413)
     ├── RemoteError                a peer (kernel or client) sent something invalid
     │   ├── MalformedMessage       bytes or JSON that do not form a message
@@ -41,8 +45,12 @@ __all__ = [
     "GatewayHTTPError",
     "GatewayStreamError",
     "GatewayUnreachable",
+    "InvalidConnectionInfo",
     "InvalidMessage",
     "KernelDied",
+    "KernelExists",
+    "KernelNotAnswering",
+    "KernelNotOwned",
     "LocalError",
     "MalformedMessage",
     "MethodNotAllowed",
@@ -89,6 +97,33 @@ class SequenceAhead(BadRequest):
         super().__init__(f"since={since} is ahead of the transcript head {head}")
         self.since = since
         self.head = head
+
+
+class InvalidConnectionInfo(BadRequest):
+    """Connection info to attach a kernel by is missing a field or has a bad one."""
+
+    reason = "invalid_connection_info"
+
+
+class KernelNotAnswering(BadRequest):
+    """A kernel to attach did not answer a kernel_info_request in time (wrong address,
+    ports or key, or it is not running)."""
+
+    reason = "kernel_not_answering"
+
+
+class KernelNotOwned(LocalError):
+    """The gateway cannot restart a kernel it did not start (attached by connection info)."""
+
+    status = 409
+    reason = "kernel_not_owned"
+
+
+class KernelExists(LocalError):
+    """A kernel with that id is already known to the gateway."""
+
+    status = 409
+    reason = "kernel_exists"
 
 
 class UnknownKernel(LocalError):

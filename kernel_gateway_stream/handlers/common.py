@@ -33,6 +33,7 @@ from .sessions import SessionRegistry
 
 if TYPE_CHECKING:
     from ..executions import ExecutionManager
+    from ..kernels.attaching import KernelAttacher
 
 __all__ = [
     "SETTINGS_KEY",
@@ -75,6 +76,7 @@ class Services:
     taps: TapManager
     sessions: SessionRegistry
     executions: ExecutionManager
+    attacher: KernelAttacher
     policy: QueuePolicy = field(default_factory=QueuePolicy)
     replay: ReplayLimits = field(default_factory=ReplayLimits)
     subscribers: SubscriberRegistry = field(default_factory=SubscriberRegistry)

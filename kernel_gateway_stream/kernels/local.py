@@ -121,8 +121,14 @@ class StreamKernelManager(ServerKernelManager):
         self, now: bool = False, restart: bool = False
     ) -> None:
         if not restart:  # a restart shuts the kernel down too, and said so already
-            self._announce("shutdown")
+            self._announce(self.leaving)
         await super().shutdown_kernel(now=now, restart=restart)
+
+    @property
+    def leaving(self) -> str:
+        """What a shutdown of this kernel does: ``shutdown`` (``detach`` for a kernel the
+        gateway lets run on: see :mod:`.attached`)."""
+        return "shutdown"
 
     def _announce(self, what: str) -> None:
         for hook in list(self.lifecycle_hooks):
@@ -166,6 +172,29 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
         super().__init__(**kwargs)
         self._shutdowns: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
+
+    def pre_start_kernel(self, kernel_name: str | None, kwargs: Any) -> tuple[Any, str, str]:
+        """jupyter_client's, and for a start that names an ``attachment`` (a kernel reached
+        by connection info), an :class:`~.attached.AttachedKernelManager` in place of a
+        process."""
+        attachment = kwargs.pop("attachment", None)
+        if attachment is None:
+            return super().pre_start_kernel(kernel_name, kwargs)
+        from .attached import AttachedKernelManager  # it builds on this module
+
+        kernel_id = kwargs.pop("kernel_id", None) or self.new_kernel_id()
+        if kernel_id in self:
+            raise web.HTTPError(409, "Kernel %s exists" % kernel_id, reason="kernel_exists")
+        name = kernel_name or "attached"
+        kernel = AttachedKernelManager(
+            attachment=attachment,
+            connection_file=os.path.join(self.connection_dir, "kernel-%s.json" % kernel_id),
+            parent=self,
+            log=self.log,
+            kernel_name=name,
+            kernel_spec_manager=self.kernel_spec_manager,
+        )
+        return kernel, name, kernel_id
 
     def _check_kernel_id(self, kernel_id: str) -> None:
         if kernel_id not in self:
@@ -219,6 +248,13 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
                 shut down.
         """
         self._refuse_restart_during_shutdown(kernel_id)
+        if getattr(self.get_kernel(kernel_id), "attachment", None) is not None:
+            raise web.HTTPError(
+                409,
+                "Kernel %s was attached by connection info: only its owner can restart it"
+                % kernel_id,
+                reason="kernel_not_owned",
+            )
         await until_settled(self.get_kernel(kernel_id))
         self._refuse_restart_during_shutdown(kernel_id)
         return await super()._async_restart_kernel(kernel_id, now=now)

@@ -141,6 +141,54 @@ class KernelSockets:
         """How to reach a kernel by its connection info."""
         return ZmqKernelLink(self, kernel_id, connection_info, key, signature_scheme, log)
 
+    async def probe(self, info: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """The content of the kernel's ``kernel_info_reply`` to a request signed with
+        ``info``'s key, or None if no correctly signed reply came within ``timeout``
+        seconds (not running, wrong address or ports, or a wrong key: a kernel ignores a
+        request whose signature does not match)."""
+        key = info.get("key", "")
+        key_bytes = key.encode() if isinstance(key, str) else key
+        scheme = info.get("signature_scheme", "hmac-sha256")
+        session = Session(key=key_bytes, signature_scheme=scheme, username="kernel_gateway_stream")
+        signer = Signer(key_bytes, scheme)
+        shell = self.async_context.socket(zmq.DEALER)
+        shell.setsockopt(zmq.LINGER, 0)
+        try:
+            shell.connect(channel_url(info, "shell"))
+            request = session.msg("kernel_info_request")
+            parts = session.serialize(request)
+            await shell.send_multipart(parts)
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    frames = await asyncio.wait_for(shell.recv_multipart(), left)
+                except asyncio.TimeoutError:
+                    return None
+                try:
+                    reply = decode_signed(frames, signer)
+                except RemoteError:
+                    continue
+                if reply.parent_msg_id == request["header"]["msg_id"]:
+                    content: dict[str, Any] = reply.content()
+                    return content
+            return None
+        finally:
+            shell.close(linger=0)
+
+    async def ping(self, info: dict[str, Any], timeout: float) -> bool:
+        """True if the kernel's heartbeat echoes within ``timeout`` seconds."""
+        socket = self.async_context.socket(zmq.REQ)
+        socket.setsockopt(zmq.LINGER, 0)
+        try:
+            socket.connect(channel_url(info, "hb"))
+            await socket.send(b"ping")
+            await asyncio.wait_for(socket.recv(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            socket.close(linger=0)
+
     def close(self) -> None:
         self.context.destroy(linger=0)
 

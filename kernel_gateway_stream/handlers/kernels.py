@@ -1,0 +1,124 @@
+"""``POST /api/kernels`` and ``DELETE /api/kernels/{id}``: jupyter_server's, plus attach.
+
+* ``POST /api/kernels`` with ``connection_info`` attaches a running kernel (see
+  :mod:`..kernels.attaching`) instead of starting one: ``{"connection_info": {...},
+  "name": kernel name, "display_name": ..., "id": optional kernel id}``. Any other body
+  starts a kernel as jupyter_server does. Both need ``write`` on ``kernels`` (the same
+  permission: attaching makes the gateway connect where the caller says).
+* ``POST /api/kernels/{id}/restart`` and ``/interrupt`` answer the kernel manager's own
+  errors (409 ``kernel_not_owned`` for an attached kernel, ``kernel_shutting_down``...)
+  where jupyter_server turns every restart error into a 500.
+* ``DELETE /api/kernels/{id}`` detaches an attached kernel (it runs on), unless
+  ``?shutdown=true``; it shuts down every other kernel, as jupyter_server does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyter_client.jsonutil import json_default
+from jupyter_core.utils import ensure_async
+from jupyter_server.services.kernels.handlers import (
+    KernelActionHandler,
+    KernelHandler,
+    MainKernelHandler,
+)
+from jupyter_server.utils import url_escape, url_path_join
+from tornado import web
+
+from ..core.errors import BadRequest, LocalError
+from .common import LimitedBodyMixin, ServicesMixin, json_body, requires
+
+__all__ = ["AttachingKernelsHandler", "DetachingKernelHandler", "KernelActionsHandler"]
+
+
+@web.stream_request_body
+class AttachingKernelsHandler(LimitedBodyMixin, ServicesMixin, MainKernelHandler):  # type: ignore[misc]
+    """``/api/kernels``: list, start, or attach by connection info."""
+
+    get = MainKernelHandler.get  # type: ignore[assignment]
+
+    @web.authenticated
+    @requires("write")
+    async def post(self) -> None:  # type: ignore[override]
+        try:
+            body = json_body(self)
+            km = self.kernel_manager
+            name = body.get("name")
+            if name is not None and not isinstance(name, str):
+                raise BadRequest("'name' must be a string")
+            kernel_id: str
+            if "connection_info" in body:
+                display_name = body.get("display_name", "")
+                wanted = body.get("id")
+                if not isinstance(display_name, str):
+                    raise BadRequest("'display_name' must be a string")
+                if wanted is not None and not isinstance(wanted, str):
+                    raise BadRequest("'id' must be a string")
+                kernel_id = await self.services.attacher.attach(
+                    body["connection_info"],
+                    kernel_id=wanted,
+                    kernel_name=name,
+                    display_name=display_name[:200],
+                )
+            else:
+                kernel_id = await ensure_async(
+                    km.start_kernel(
+                        kernel_name=name or km.default_kernel_name,
+                        path=body.get("path"),
+                        kernel_id=body.get("kernel_id"),
+                    )
+                )
+        except LocalError as error:
+            self.write_error_json(error)
+            return
+        model = await ensure_async(km.kernel_model(kernel_id))
+        location = url_path_join(self.base_url, "api", "kernels", url_escape(kernel_id))
+        self.set_header("Location", location)
+        self.set_status(201)
+        self.finish(json.dumps(model, default=json_default))
+
+
+class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc]
+    """``/api/kernels/{id}``: DELETE detaches an attached kernel unless ``?shutdown=true``."""
+
+    get = KernelHandler.get  # type: ignore[assignment]
+
+    @web.authenticated
+    @requires("write")
+    async def delete(self, kernel_id: str) -> None:  # type: ignore[override]
+        shutdown = self.get_argument("shutdown", None)
+        if shutdown not in (None, "true", "false"):
+            self.write_error_json(BadRequest("shutdown must be 'true' or 'false'"))
+            return
+        km = self.kernel_manager
+        kernel: Any = km.get_kernel(kernel_id) if kernel_id in km else None
+        attached = kernel is not None and getattr(kernel, "attachment", None) is not None
+        if attached and shutdown is not None:
+            kernel.stop_on_shutdown = shutdown == "true"
+        await ensure_async(km.shutdown_kernel(kernel_id))
+        self.set_status(204)
+        self.finish()
+
+
+class KernelActionsHandler(ServicesMixin, KernelActionHandler):  # type: ignore[misc]
+    """``/api/kernels/{id}/(restart|interrupt)``, with the kernel manager's HTTP errors."""
+
+    @web.authenticated
+    @requires("write")
+    async def post(self, kernel_id: str, action: str) -> None:  # type: ignore[override]
+        km = self.kernel_manager
+        if action == "interrupt":
+            await ensure_async(km.interrupt_kernel(kernel_id))  # type: ignore[func-returns-value]
+            self.set_status(204)
+            self.finish()
+            return
+        try:
+            await km.restart_kernel(kernel_id)
+        except web.HTTPError:
+            raise
+        except Exception as error:
+            raise web.HTTPError(500, "Exception restarting kernel") from error
+        model = await ensure_async(km.kernel_model(kernel_id))
+        self.finish(json.dumps(model, default=json_default))

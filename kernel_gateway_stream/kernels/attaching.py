@@ -1,0 +1,205 @@
+"""Attaching kernels by connection info: through the API, and from a watched directory.
+
+:class:`KernelAttacher` checks a kernel's connection info, makes sure the kernel answers
+(a ``kernel_info_request`` signed with its key: a wrong address, port or key fails here,
+with a clear error, not later as a silent socket), and starts it in the server's kernel
+manager as an attached kernel (:mod:`.attached`). With ``connection_dir`` set it watches a
+directory of connection files: a file that appears is attached, one that goes is
+detached, one that changes (its kernel restarted by its owner on new ports) is attached
+again. A kernel attached from a file keeps its id across detach and attach (the file's
+``kernel_id``, else the id in its name ``kernel-<id>.json``, else one derived from its
+key), so its transcript numbers on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import uuid
+from typing import Any
+
+from tornado.ioloop import PeriodicCallback
+from traitlets import Float, Unicode
+from traitlets.config import LoggingConfigurable
+
+from ..core.connection import check_connection_info
+from ..core.errors import InvalidConnectionInfo, KernelExists, KernelNotAnswering, LocalError
+from .attached import Attachment
+from .zmq_kernel import KernelSockets
+
+__all__ = ["KernelAttacher", "kernel_id_of_file"]
+
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_NAMESPACE = uuid.UUID("6f1c1f8e-0b7e-4a53-9a55-6b3c9d2f0e11")
+
+
+def kernel_id_of_file(path: str, data: dict[str, Any]) -> str:
+    """The id a kernel attached from connection file ``path`` gets, stable across detach
+    and attach."""
+    named = data.get("kernel_id")
+    if isinstance(named, str) and _UUID.fullmatch(named):
+        return named
+    found = _UUID.search(os.path.basename(path))
+    if found:
+        return found.group(0)
+    return str(uuid.uuid5(_NAMESPACE, f"{data.get('key', '')}:{os.path.realpath(path)}"))
+
+
+class KernelAttacher(LoggingConfigurable):
+    """Attaches kernels by connection info (see the module docstring)."""
+
+    connection_dir = Unicode(
+        "",
+        config=True,
+        help="A directory of kernel connection files to watch: each file that appears is "
+        "attached (its kernel runs on when the file goes: it is detached). Empty: none.",
+    )
+    connection_dir_interval = Float(
+        2.0, config=True, help="Seconds between two scans of connection_dir."
+    )
+    attach_timeout = Float(
+        10.0,
+        config=True,
+        help="Seconds a kernel to attach has to answer a kernel_info_request before the "
+        "attach fails (400 kernel_not_answering; a watched file is tried again later).",
+    )
+
+    def __init__(self, kernel_manager: Any, sockets: KernelSockets, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kernel_manager = kernel_manager
+        self.sockets = sockets
+        #: Watched files: path -> (mtime_ns, size, kernel_id or None if not attached).
+        self._files: dict[str, tuple[int, int, str | None]] = {}
+        self._scanner: PeriodicCallback | None = None
+        self._scanning: asyncio.Task[None] | None = None
+
+    async def attach(
+        self,
+        info: Any,
+        *,
+        kernel_id: str | None = None,
+        kernel_name: str | None = None,
+        display_name: str = "",
+        source: str = "api",
+        owned: bool = False,
+        pid: int | None = None,
+    ) -> str:
+        """Attach the kernel at ``info``; its kernel id.
+
+        Raises:
+            InvalidConnectionInfo: a field is missing or bad.
+            KernelExists: ``kernel_id`` is a kernel the gateway has.
+            KernelNotAnswering: no signed kernel_info_reply in ``attach_timeout``.
+        """
+        checked = check_connection_info(info)
+        if kernel_id is not None:
+            if not _UUID.fullmatch(kernel_id):
+                raise InvalidConnectionInfo("id must be a UUID in its canonical form")
+            if kernel_id in self.kernel_manager:
+                raise KernelExists(f"kernel {kernel_id} is running already")
+        reply = await self.sockets.probe(checked, self.attach_timeout)
+        if reply is None:
+            raise KernelNotAnswering(
+                f"no answer to a kernel_info_request at {checked['ip']} in "
+                f"{self.attach_timeout:.0f} s (is it running, are the ports and key right?)"
+            )
+        language_info = reply.get("language_info")
+        language = language_info.get("name", "") if isinstance(language_info, dict) else ""
+        attachment = Attachment(
+            checked,
+            display_name=display_name or f"{reply.get('implementation', 'kernel')} (attached)",
+            language=language if isinstance(language, str) else "",
+            owned=owned,
+            pid=pid,
+            source=source,
+        )
+        attached: str = await self.kernel_manager.start_kernel(
+            kernel_name=kernel_name or "attached", kernel_id=kernel_id, attachment=attachment
+        )
+        self.log.info(
+            "Attached kernel %s at %s (%s)",
+            attached,
+            checked["ip"],
+            source,
+            extra={"kernel_id": attached},
+        )
+        return attached
+
+    def start(self) -> None:
+        """Begin watching :attr:`connection_dir` (if set)."""
+        if not self.connection_dir:
+            return
+        self._scanner = PeriodicCallback(self._scan_soon, self.connection_dir_interval * 1000)
+        self._scanner.start()
+        self._scan_soon()
+
+    def stop(self) -> None:
+        if self._scanner is not None:
+            self._scanner.stop()
+            self._scanner = None
+        if self._scanning is not None:
+            self._scanning.cancel()
+
+    def _scan_soon(self) -> None:
+        if self._scanning is None or self._scanning.done():
+            self._scanning = asyncio.ensure_future(self.scan())
+
+    async def scan(self) -> None:
+        """Attach what appeared or changed in :attr:`connection_dir`, detach what went."""
+        try:
+            names = [n for n in os.listdir(self.connection_dir) if n.endswith(".json")]
+        except OSError as error:
+            self.log.warning("Cannot read connection_dir %s: %s", self.connection_dir, error)
+            return
+        present: dict[str, tuple[int, int]] = {}
+        for name in names:
+            path = os.path.join(self.connection_dir, name)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            present[path] = (stat.st_mtime_ns, stat.st_size)
+        for path, (_, _, kernel_id) in list(self._files.items()):
+            if path not in present:
+                del self._files[path]
+                await self._detach(kernel_id, f"{path} is gone")
+        for path, (mtime, size) in present.items():
+            known = self._files.get(path)
+            if known is not None and known[:2] == (mtime, size) and known[2] is not None:
+                continue
+            if known is not None and known[:2] == (mtime, size):
+                continue  # failed before, unchanged: not retried until it changes
+            if known is not None and known[2] is not None:
+                await self._detach(known[2], f"{path} changed")
+            self._files[path] = (mtime, size, await self._attach_file(path))
+
+    async def _attach_file(self, path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8") as file:
+                data = json.load(file)
+            if not isinstance(data, dict):
+                raise InvalidConnectionInfo("not a JSON object")
+            kernel_id = kernel_id_of_file(path, data)
+            if kernel_id in self.kernel_manager:
+                return kernel_id
+            return await self.attach(
+                data,
+                kernel_id=kernel_id,
+                kernel_name=data.get("kernel_name") or None,
+                display_name=f"{os.path.basename(path)} (attached)",
+                source="directory",
+            )
+        except (OSError, ValueError, LocalError) as error:
+            self.log.warning("Did not attach the kernel of %s: %s", path, error)
+            return None
+
+    async def _detach(self, kernel_id: str | None, why: str) -> None:
+        if kernel_id is None or kernel_id not in self.kernel_manager:
+            return
+        self.log.info("Detaching kernel %s: %s", kernel_id, why, extra={"kernel_id": kernel_id})
+        try:
+            await self.kernel_manager.shutdown_kernel(kernel_id)
+        except Exception:  # a background scan's outermost frame: log it
+            self.log.exception("Could not detach kernel %s", kernel_id)
