@@ -20,10 +20,10 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from kernel_gateway_stream.client import GatewayClient
+from kernel_gateway_stream.core.errors import GatewayHTTPError
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
-
 
 
 class OutsideKernel:
@@ -74,9 +74,7 @@ async def _text(client: GatewayClient, kernel_id: str) -> str:
     return await client.transcript_text(kernel_id)
 
 
-async def test_attach_use_detach_and_attach_again(
-    daemon: Daemon, outside: OutsideKernel
-) -> None:
+async def test_attach_use_detach_and_attach_again(daemon: Daemon, outside: OutsideKernel) -> None:
     daemon.start()
     await daemon.wait_ready()
     async with GatewayClient(daemon.url, TOKEN) as client:
@@ -84,7 +82,8 @@ async def test_attach_use_detach_and_attach_again(
         kernels = {k["id"]: k for k in await client.list_kernels()}
         assert kernel_id in kernels
         first = await client.execute(kernel_id, "x = 41\nprint('first', x)")
-        assert first.status == "ok" and first.stdout == "first 41\n"
+        assert first.status == "ok"
+        assert first.stdout == "first 41\n"
         head = (await client.transcript(kernel_id))["head"]
 
         await client.detach(kernel_id)
@@ -99,13 +98,15 @@ async def test_attach_use_detach_and_attach_again(
         assert second.stdout == "second 42\n", "the kernel kept its state"
         page = await client.transcript(kernel_id)
         seqs = [record["seq"] for record in page["records"]]
-        assert seqs == sorted(set(seqs)) and seqs[-1] > head
+        assert seqs == sorted(set(seqs))
+        assert seqs[-1] > head
         assert await _text(client, kernel_id) == "first 41\nsecond 42\n"
 
         # Restarting is the owner's business.
-        with pytest.raises(Exception) as refused:
+        with pytest.raises(GatewayHTTPError) as refused:
             await client.restart(kernel_id)
-        assert "kernel_not_owned" in str(refused.value) or "409" in str(refused.value)
+        assert refused.value.status == 409
+        assert refused.value.reason == "kernel_not_owned"
 
         # An explicit shutdown does shut it down.
         await daemon.fetch(f"/api/kernels/{kernel_id}?shutdown=true", method="DELETE")
