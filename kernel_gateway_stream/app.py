@@ -479,6 +479,7 @@ class GatewayStreamApp(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.taps.start()
+        await self.attacher.recover(await self.store.load_links(), self.taps, self.store)
         self.attacher.start()
         self._health_watch = PeriodicCallback(self._watch_health, self.health_check_interval * 1000)
         self._health_watch.start()

@@ -146,6 +146,9 @@ class KernelTap:
         self.sequencer.head = await self.store.head(self.kernel_id)
         self.broker.open_kernel(self.kernel_id, self.sequencer.head)
         self.store.kernel_started(self.kernel_id, time.time())
+        gap = self.manager.pending_gaps.pop(self.kernel_id, None)
+        if gap is not None:  # re-attached after the gateway's restart: output went unseen
+            self.record_gap(gap, None)
         self._connected_at = time.monotonic()
         self.source.start()
         self.kernel_manager.add_restart_callback(self._on_auto_restart, "restart")
@@ -263,6 +266,7 @@ class KernelTap:
     def _on_auto_restart(self) -> None:
         self.record_mark("restarting", "kernel_died")
         self.reconnect()
+        self.manager.remember(self.kernel_id)
 
     def _on_dead(self) -> None:
         self.record_mark("dead", "restart_failed")
@@ -308,6 +312,40 @@ class KernelTap:
             self.ready.set_result(None)
         self.store.kernel_ended(self.kernel_id, time.time())
         self.broker.close_kernel(self.kernel_id)
+
+
+def describe_link(kernel: Any) -> dict[str, Any] | None:
+    """What the store keeps to re-attach ``kernel`` (a kernel manager) after a restart of
+    the gateway; None for a kernel that cannot be re-attached by connection info."""
+    attachment = getattr(kernel, "attachment", None)
+    if attachment is not None:
+        return {"kernel_name": kernel.kernel_name, "attachment": attachment.to_json()}
+    try:
+        info = dict(kernel.get_connection_info())
+    except Exception:  # a kernel manager of another kind: nothing to re-attach by
+        return None
+    if not all(isinstance(info.get(f"{c}_port"), int) and info.get(f"{c}_port") for c in _PORTS):
+        return None
+    key = info.get("key", b"")
+    info["key"] = key.decode() if isinstance(key, bytes) else str(key)
+    spec = getattr(kernel, "kernel_spec", None)
+    provisioner = getattr(kernel, "provisioner", None)
+    pid = getattr(provisioner, "pid", None)
+    return {
+        "kernel_name": kernel.kernel_name,
+        "attachment": {
+            "connection_info": {k: info[k] for k in _LINK_FIELDS if k in info},
+            "display_name": getattr(spec, "display_name", "") or kernel.kernel_name,
+            "language": getattr(spec, "language", "") or "",
+            "owned": True,
+            "pid": pid if isinstance(pid, int) else None,
+            "source": "recovered",
+        },
+    }
+
+
+_PORTS = ("shell", "iopub", "stdin", "control", "hb")
+_LINK_FIELDS = ("ip", "transport", "key", "signature_scheme", *(f"{c}_port" for c in _PORTS))
 
 
 class TapManager(LoggingConfigurable):
@@ -407,6 +445,9 @@ class TapManager(LoggingConfigurable):
         #: chooses its msg_types, and must not grow this without bound).
         self.by_type: dict[str, list[int]] = {"other": [0, 0]}
         self._starting: dict[str, asyncio.Future[KernelTap]] = {}
+        #: A gap to record first when a kernel's Tap starts, by kernel id (a kernel
+        #: re-attached after a restart of the gateway printed unseen meanwhile).
+        self.pending_gaps: dict[str, str] = {}
         self._on_close: list[Any] = []
         self._reconciler: PeriodicCallback | None = None
 
@@ -455,6 +496,7 @@ class TapManager(LoggingConfigurable):
         finally:
             del self._starting[kernel_id]
         self.taps[kernel_id] = tap
+        self.remember(kernel_id)
         future.set_result(tap)
         self.log.info("Tapping kernel %s from seq %s", kernel_id, tap.head + 1)
         return tap
@@ -510,10 +552,21 @@ class TapManager(LoggingConfigurable):
                 stream.close()
             kernel._activity_stream = None
 
+    def remember(self, kernel_id: str) -> None:
+        """Keep, in the store, how to reach the kernel again after a restart of the
+        gateway (its connection info: a restart of the kernel may move its ports)."""
+        tap = self.taps.get(kernel_id)
+        if tap is None:
+            return
+        link = describe_link(tap.kernel_manager)
+        if link is not None:
+            self.store.save_link(kernel_id, link)
+
     def close_tap(self, kernel_id: str) -> None:
         tap = self.taps.pop(kernel_id, None)
         if tap is None:
             return
+        self.store.save_link(kernel_id, None)
         tap.close()
         self.log.info("Stopped tapping kernel %s at seq %s", kernel_id, tap.head)
         for callback in self._on_close:
@@ -533,6 +586,7 @@ class TapManager(LoggingConfigurable):
             tap = self.taps.get(kernel_id)
             if tap is not None:
                 tap.restarted()
+                self.remember(kernel_id)
 
     async def reconcile(self) -> None:
         running = set(self.kernel_manager.list_kernel_ids())

@@ -34,7 +34,7 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 
 from .local import StreamKernelManager
 
-__all__ = ["AttachedKernelManager", "AttachedProvisioner", "Attachment"]
+__all__ = ["AttachedKernelManager", "AttachedProvisioner", "Attachment", "process_is"]
 
 
 class Attachment:
@@ -83,7 +83,7 @@ class Attachment:
         )
 
 
-def _process_is(pid: int, kernel_id: str) -> bool:
+def process_is(pid: int, kernel_id: str) -> bool:
     """True if ``pid`` is this host's process of kernel ``kernel_id`` (its command line
     names the kernel's connection file), so a reused pid is never signalled."""
     try:
@@ -109,18 +109,25 @@ class AttachedProvisioner(KernelProvisionerBase):
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
         kwargs["cmd"] = []
+        # The kernel manager holds the kernel's connection info from here on (jupyter_client
+        # loads it only when no connection file of the same content exists already).
+        assert self.parent is not None  # made by its kernel manager
+        self.parent.load_connection_info(self._connection_info())
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        info: KernelConnectionInfo = dict(self.attachment.connection_info)  # type: ignore[assignment]
-        info["key"] = info["key"].encode()  # type: ignore[typeddict-item]
         self._attached = True
         self._gone = False
+        return self._connection_info()
+
+    def _connection_info(self) -> KernelConnectionInfo:
+        info: KernelConnectionInfo = dict(self.attachment.connection_info)  # type: ignore[assignment]
+        info["key"] = info["key"].encode()  # type: ignore[typeddict-item]
         return info
 
     def _local_pid(self) -> int | None:
         pid = self.attachment.pid
-        if pid and self.kernel_id and _process_is(pid, self.kernel_id):
+        if pid and self.kernel_id and process_is(pid, self.kernel_id):
             return pid
         return None
 
@@ -216,6 +223,10 @@ class AttachedKernelManager(StreamKernelManager):
             # would interrupt it first), none of its files removed.
             self.provisioner.detach()
         await super().shutdown_kernel(now=now, restart=restart)
+        if self.stop_on_shutdown and self.attachment.owned:
+            # The file the gateway wrote when it started the kernel, in an earlier run.
+            with contextlib.suppress(OSError):
+                os.remove(self.connection_file)
 
     async def _async_request_shutdown(self, restart: bool = False) -> None:
         if self.stop_on_shutdown:

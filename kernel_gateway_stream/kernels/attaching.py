@@ -14,9 +14,12 @@ key), so its transcript numbers on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import signal
+import time
 import uuid
 from typing import Any
 
@@ -26,7 +29,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..core.connection import check_connection_info
 from ..core.errors import InvalidConnectionInfo, KernelExists, KernelNotAnswering, LocalError
-from .attached import Attachment
+from .attached import Attachment, process_is
 from .zmq_kernel import KernelSockets
 
 __all__ = ["KernelAttacher", "kernel_id_of_file"]
@@ -85,8 +88,10 @@ class KernelAttacher(LoggingConfigurable):
         source: str = "api",
         owned: bool = False,
         pid: int | None = None,
+        language: str | None = None,
     ) -> str:
-        """Attach the kernel at ``info``; its kernel id.
+        """Attach the kernel at ``info``; its kernel id. ``language`` given: the kernel is
+        known (re-attached after a restart of the gateway) and is not asked for its info.
 
         Raises:
             InvalidConnectionInfo: a field is missing or bad.
@@ -99,18 +104,22 @@ class KernelAttacher(LoggingConfigurable):
                 raise InvalidConnectionInfo("id must be a UUID in its canonical form")
             if kernel_id in self.kernel_manager:
                 raise KernelExists(f"kernel {kernel_id} is running already")
-        reply = await self.sockets.probe(checked, self.attach_timeout)
-        if reply is None:
-            raise KernelNotAnswering(
-                f"no answer to a kernel_info_request at {checked['ip']} in "
-                f"{self.attach_timeout:.0f} s (is it running, are the ports and key right?)"
-            )
-        language_info = reply.get("language_info")
-        language = language_info.get("name", "") if isinstance(language_info, dict) else ""
+        if language is None:
+            reply = await self.sockets.probe(checked, self.attach_timeout)
+            if reply is None:
+                raise KernelNotAnswering(
+                    f"no answer to a kernel_info_request at {checked['ip']} in "
+                    f"{self.attach_timeout:.0f} s (is it running, are the ports and key right?)"
+                )
+            language_info = reply.get("language_info")
+            name = language_info.get("name") if isinstance(language_info, dict) else None
+            language = name if isinstance(name, str) else ""
+        else:
+            reply = {}
         attachment = Attachment(
             checked,
             display_name=display_name or f"{reply.get('implementation', 'kernel')} (attached)",
-            language=language if isinstance(language, str) else "",
+            language=language,
             owned=owned,
             pid=pid,
             source=source,
@@ -126,6 +135,66 @@ class KernelAttacher(LoggingConfigurable):
             extra={"kernel_id": attached},
         )
         return attached
+
+    async def recover(self, links: dict[str, dict[str, Any]], taps: Any, store: Any) -> None:
+        """Re-attach the kernels an earlier run of the gateway left running (``links``, from
+        the store): each that still answers gets its id back, its transcript numbered on
+        above every seq given out before (with a gap record for what it printed unseen),
+        and each that does not is reported and forgotten (a process of its that still
+        runs on this host is killed: it no longer answers, and nobody else knows it)."""
+        if not links:
+            return
+        answers = await asyncio.gather(
+            *(self._recover_one(kernel_id, link, taps) for kernel_id, link in links.items())
+        )
+        back = sum(1 for answered in answers if answered)
+        self.log.warning(
+            "Kernels left by the previous run: %d re-attached, %d no longer answer",
+            back,
+            len(answers) - back,
+        )
+        for (kernel_id, link), answered in zip(links.items(), answers, strict=True):
+            if not answered:
+                store.save_link(kernel_id, None)
+                store.kernel_ended(kernel_id, time.time())
+                self._reap(kernel_id, link)
+
+    async def _recover_one(self, kernel_id: str, link: dict[str, Any], taps: Any) -> bool:
+        try:
+            attachment = Attachment.from_json(link["attachment"])
+            info = check_connection_info(attachment.connection_info)
+            # Its heartbeat, not a kernel_info_request: a kernel busy with a long cell
+            # may not answer that in time, and one that does not answer is killed below.
+            if not await self.sockets.ping(info, self.attach_timeout):
+                raise KernelNotAnswering(f"its heartbeat at {info['ip']} does not answer")
+            taps.pending_gaps[kernel_id] = "gateway_restart"
+            await self.attach(
+                attachment.connection_info,
+                kernel_id=kernel_id,
+                kernel_name=link.get("kernel_name"),
+                display_name=attachment.display_name,
+                source="recovered",
+                owned=attachment.owned,
+                pid=attachment.pid,
+                language=attachment.language,
+            )
+        except (KeyError, TypeError, LocalError) as error:
+            taps.pending_gaps.pop(kernel_id, None)
+            self.log.warning(
+                "Kernel %s of the previous run is gone: %s", kernel_id, error,
+                extra={"kernel_id": kernel_id},
+            )  # fmt: skip
+            return False
+        return True
+
+    def _reap(self, kernel_id: str, link: dict[str, Any]) -> None:
+        attachment = link.get("attachment") or {}
+        pid = attachment.get("pid")
+        if attachment.get("owned") and isinstance(pid, int) and process_is(pid, kernel_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self.log.warning("Killed process %d of kernel %s, which no longer answers",
+                             pid, kernel_id)  # fmt: skip
 
     def start(self) -> None:
         """Begin watching :attr:`connection_dir` (if set)."""

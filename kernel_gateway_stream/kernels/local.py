@@ -86,6 +86,8 @@ class StreamKernelManager(ServerKernelManager):
 
     #: Set by the gateway on the class before any kernel starts.
     lossless_iopub: bool = True
+    #: Kernels run on when the gateway dies (no parent poller), to be re-attached.
+    outlive_gateway: bool = True
     secret_names: frozenset[str] = frozenset()
     secret_values: frozenset[str] = frozenset()
 
@@ -108,7 +110,13 @@ class StreamKernelManager(ServerKernelManager):
             # kernel's stdout at start on Python 3.11+, now and then: it would open the
             # transcript of every such kernel. This is the switch its warning names.
             env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+            if self.outlive_gateway:
+                # ipykernel exits when the process named here goes: a gateway that is
+                # killed would take every kernel's state with it.
+                env.pop("JPY_PARENT_PID", None)
             kw["env"] = env
+        if self.outlive_gateway:
+            kw["independent"] = True
         return command, kw
 
     async def restart_kernel(  # type: ignore[override]

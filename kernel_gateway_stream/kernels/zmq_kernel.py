@@ -145,35 +145,40 @@ class KernelSockets:
         """The content of the kernel's ``kernel_info_reply`` to a request signed with
         ``info``'s key, or None if no correctly signed reply came within ``timeout``
         seconds (not running, wrong address or ports, or a wrong key: a kernel ignores a
-        request whose signature does not match)."""
+        request whose signature does not match). Asked on control and on shell: a kernel
+        busy running a cell answers on control (ipykernel does), an older one on shell."""
         key = info.get("key", "")
         key_bytes = key.encode() if isinstance(key, str) else key
         scheme = info.get("signature_scheme", "hmac-sha256")
         session = Session(key=key_bytes, signature_scheme=scheme, username="kernel_gateway_stream")
         signer = Signer(key_bytes, scheme)
-        shell = self.async_context.socket(zmq.DEALER)
-        shell.setsockopt(zmq.LINGER, 0)
+        sockets = [self.async_context.socket(zmq.DEALER) for _ in ("control", "shell")]
         try:
-            shell.connect(channel_url(info, "shell"))
-            request = session.msg("kernel_info_request")
-            parts = session.serialize(request)
-            await shell.send_multipart(parts)
+            asked: set[str] = set()
+            for socket, channel in zip(sockets, ("control", "shell"), strict=True):
+                socket.setsockopt(zmq.LINGER, 0)
+                socket.connect(channel_url(info, channel))
+                request = session.msg("kernel_info_request")
+                asked.add(request["header"]["msg_id"])
+                await socket.send_multipart(session.serialize(request))
+            poller = zmq.asyncio.Poller()
+            for socket in sockets:
+                poller.register(socket, zmq.POLLIN)
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
-                try:
-                    frames = await asyncio.wait_for(shell.recv_multipart(), left)
-                except asyncio.TimeoutError:
-                    return None
-                try:
-                    reply = decode_signed(frames, signer)
-                except RemoteError:
-                    continue
-                if reply.parent_msg_id == request["header"]["msg_id"]:
-                    content: dict[str, Any] = reply.content()
-                    return content
+                for socket, _ in await poller.poll(left * 1000):
+                    frames = await socket.recv_multipart()
+                    try:
+                        reply = decode_signed(frames, signer)
+                    except RemoteError:
+                        continue
+                    if reply.parent_msg_id in asked:
+                        content: dict[str, Any] = reply.content()
+                        return content
             return None
         finally:
-            shell.close(linger=0)
+            for socket in sockets:
+                socket.close(linger=0)
 
     async def ping(self, info: dict[str, Any], timeout: float) -> bool:
         """True if the kernel's heartbeat echoes within ``timeout`` seconds."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABCMeta, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from traitlets.config import LoggingConfigurable
 
@@ -146,6 +147,18 @@ class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):  # type: ignor
     def save_cursor(self, kernel_id: str, session_id: str, seq: int) -> None:
         """Remember the last sequence number sent to a client session. Called by the
         channels connection when it closes; must not block."""
+
+    @abstractmethod
+    def save_link(self, kernel_id: str, link: dict[str, Any] | None) -> None:
+        """Remember how to reach a running kernel (its connection info and what the
+        gateway knows of it), or forget it (``None``: the kernel shut down or was
+        detached), so that a gateway started again re-attaches the kernels that outlived
+        it. Called on the event loop; must not block. The store's files are private: the
+        kernel's key is among what it keeps."""
+
+    @abstractmethod
+    async def load_links(self) -> dict[str, dict[str, Any]]:
+        """Every remembered kernel link, by kernel id."""
 
     @abstractmethod
     async def load_cursor(self, kernel_id: str, session_id: str) -> int | None:

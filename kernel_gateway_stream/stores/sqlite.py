@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import datetime
 import heapq
+import json
 import os
 import sqlite3
 import threading
@@ -300,6 +301,30 @@ class SQLiteTranscriptStore(TranscriptStore):
         self.writer.add_control(
             Control("UPDATE kernels SET ended = ? WHERE kernel_id = ?", (now, kernel_id))
         )
+
+    def save_link(self, kernel_id: str, link: dict[str, Any] | None) -> None:
+        if link is None:
+            control = Control("DELETE FROM links WHERE kernel_id = ?", (kernel_id,))
+        else:
+            control = Control(
+                "INSERT INTO links (kernel_id, data, updated) VALUES (?, ?, ?) "
+                "ON CONFLICT (kernel_id) DO UPDATE SET data = excluded.data, "
+                "updated = excluded.updated",
+                (kernel_id, json.dumps(link), time.time()),
+            )
+        self.writer.add_control(control)
+
+    async def load_links(self) -> dict[str, dict[str, Any]]:
+        rows = await self._run("SELECT kernel_id, data FROM links", ())
+        links: dict[str, dict[str, Any]] = {}
+        for kernel_id, data in rows:
+            try:
+                link = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(link, dict):
+                links[str(kernel_id)] = link
+        return links
 
     def save_cursor(self, kernel_id: str, session_id: str, seq: int) -> None:
         self._cursors[(kernel_id, session_id)] = seq

@@ -8,6 +8,7 @@ Layout (schema version 2)::
     chunk_parents  which chunks hold records of which parent (one execution's records)
     marks          lifecycle statuses and gap records again, for the execution summaries
     cursors        the last seq sent to each named client session
+    links          how to reach each running kernel (connection info), to re-attach it
     meta           schema version
 
 Rows are a rowid table's (a WITHOUT ROWID table puts a large row's overflow on a page of
@@ -78,6 +79,11 @@ CREATE TABLE IF NOT EXISTS marks (
     data BLOB NOT NULL,
     PRIMARY KEY (kernel_key, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS links (
+    kernel_id TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    updated REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS cursors (
     kernel_id TEXT NOT NULL,
     session_id TEXT NOT NULL,

@@ -550,6 +550,7 @@ class TranscriptWriter(threading.Thread):
             for table in ("chunk_parents", "marks", "parents"):
                 connection.execute(f"DELETE FROM {table} WHERE kernel_key = ?", (key,))
             connection.execute("DELETE FROM cursors WHERE kernel_id = ?", (kernel_id,))
+            connection.execute("DELETE FROM links WHERE kernel_id = ?", (kernel_id,))
             connection.execute("DELETE FROM kernels WHERE key = ?", (key,))
             connection.execute("COMMIT")
         except BaseException:
