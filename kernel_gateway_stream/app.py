@@ -361,9 +361,9 @@ class GatewayStreamApp(ExtensionApp):
                 "Running as root: kernels run as root too. Run the daemon as a dedicated user."
             )
         if serverapp.gateway_config.gateway_enabled:
-            self.log.warning(
-                "kernel_gateway_stream taps kernels over ZMQ; with GatewayClient enabled the "
-                "kernels are remote and are not tapped. Transcripts will stay empty."
+            self.log.info(
+                "Kernels are on the upstream gateway %s; each is tapped over its WebSocket",
+                serverapp.gateway_config.url,
             )
         # The Type traits hold concrete subclasses of these ABCs.
         self.store: TranscriptStore = self.transcript_store_class(parent=self, log=self.log)

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyter_server._tz import utcnow
+from jupyter_server.gateway.gateway_client import GatewayClient
+from jupyter_server.gateway.managers import GatewayKernelManager
 from tornado.ioloop import PeriodicCallback
 from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
@@ -41,6 +43,7 @@ from .core.marks import gap_message, lifecycle_request, lifecycle_status
 from .core.messages import KernelMessage, Record, Signer
 from .core.sequencer import Sequencer
 from .kernels.base import IOPubSource, KernelLink
+from .kernels.upstream import UpstreamKernelLink, UpstreamSettings
 from .kernels.zmq_kernel import HeartbeatSettings, IOPubSettings, KernelSockets
 from .stores.base import TranscriptStore
 
@@ -412,6 +415,16 @@ class TapManager(LoggingConfigurable):
         help="Seconds without a heartbeat echo after which such a kernel shows as unreachable "
         "(kernel status, transcript, health) until it answers again.",
     )
+    upstream_retry_initial = Float(
+        0.5,
+        config=True,
+        help="Seconds before the first attempt to reconnect to an upstream gateway's kernel "
+        "WebSocket that dropped; each further attempt waits twice as long (with jitter), up "
+        "to upstream_retry_max.",
+    )
+    upstream_retry_max = Float(
+        30.0, config=True, help="Most seconds between two attempts to reconnect upstream."
+    )
     reconcile_interval = Float(
         5.0,
         config=True,
@@ -502,14 +515,13 @@ class TapManager(LoggingConfigurable):
         return tap
 
     def link_for(self, kernel_id: str, kernel: Any) -> KernelLink:
-        """How to reach ``kernel`` (a kernel manager): its own link if it makes one (a kernel
-        behind an upstream gateway), else ZMQ sockets from its connection info, with a
+        """How to reach ``kernel`` (a kernel manager): a WebSocket for a kernel behind an
+        upstream gateway, else ZMQ sockets from its connection info, with a
         heartbeat when the gateway cannot watch the kernel's process
         (``kernel.watch_heartbeat``)."""
-        make_link = getattr(kernel, "make_link", None)
-        if make_link is not None:
-            link: KernelLink = make_link(self)
-            return link
+        if isinstance(kernel, GatewayKernelManager):
+            settings = UpstreamSettings(self.upstream_retry_initial, self.upstream_retry_max)
+            return UpstreamKernelLink(kernel_id, GatewayClient.instance(), settings, self.log)
         session = kernel.session
         zmq_link = self.sockets.link(
             kernel_id,

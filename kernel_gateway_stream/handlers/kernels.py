@@ -19,6 +19,7 @@ from typing import Any
 
 from jupyter_client.jsonutil import json_default
 from jupyter_core.utils import ensure_async
+from jupyter_server._tz import isoformat
 from jupyter_server.services.kernels.handlers import (
     KernelActionHandler,
     KernelHandler,
@@ -37,7 +38,26 @@ __all__ = ["AttachingKernelsHandler", "DetachingKernelHandler", "KernelActionsHa
 class AttachingKernelsHandler(LimitedBodyMixin, ServicesMixin, MainKernelHandler):  # type: ignore[misc]
     """``/api/kernels``: list, start, or attach by connection info."""
 
-    get = MainKernelHandler.get  # type: ignore[assignment]
+    @web.authenticated
+    @requires("read")
+    async def get(self) -> None:  # type: ignore[override]
+        """The kernels, those the gateway cannot reach with ``execution_state``
+        ``unreachable`` (the list of an upstream that is down is the gateway's own)."""
+        km = self.kernel_manager
+        taps = self.services.taps.taps
+        if any(not tap.reachable for tap in taps.values()):
+            kernels = []
+            for kernel_id in list(km.list_kernel_ids()):
+                model = tap_model(self, kernel_id)
+                if model is None:
+                    try:
+                        model = await ensure_async(km.kernel_model(kernel_id))
+                    except web.HTTPError:
+                        continue
+                kernels.append(model)
+        else:
+            kernels = await ensure_async(km.list_kernels())
+        self.finish(json.dumps(kernels, default=json_default))
 
     @web.authenticated
     @requires("write")
@@ -80,10 +100,33 @@ class AttachingKernelsHandler(LimitedBodyMixin, ServicesMixin, MainKernelHandler
         self.finish(json.dumps(model, default=json_default))
 
 
-class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc]
-    """``/api/kernels/{id}``: DELETE detaches an attached kernel unless ``?shutdown=true``."""
+def tap_model(handler: Any, kernel_id: str) -> dict[str, Any] | None:
+    """The model of a kernel the gateway cannot reach (an upstream that is down answers no
+    model): ``execution_state`` ``unreachable``; None if it is reachable or not tapped."""
+    tap = handler.services.taps.taps.get(kernel_id)
+    if tap is None or tap.reachable:
+        return None
+    kernel = tap.kernel_manager
+    return {
+        "id": kernel_id,
+        "name": getattr(kernel, "kernel_name", ""),
+        "last_activity": isoformat(kernel.last_activity) if kernel.last_activity else None,
+        "execution_state": "unreachable",
+        "connections": handler.kernel_manager._kernel_connections.get(kernel_id, 0),
+    }
 
-    get = KernelHandler.get  # type: ignore[assignment]
+
+class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc]
+    """``/api/kernels/{id}``: the model says ``unreachable`` while the kernel does not
+    answer; DELETE detaches an attached kernel unless ``?shutdown=true``."""
+
+    @web.authenticated
+    @requires("read")
+    async def get(self, kernel_id: str) -> None:  # type: ignore[override]
+        model = tap_model(self, kernel_id)
+        if model is None:
+            model = await ensure_async(self.kernel_manager.kernel_model(kernel_id))
+        self.finish(json.dumps(model, default=json_default))
 
     @web.authenticated
     @requires("write")

@@ -42,6 +42,10 @@ class IOPubSink(Protocol):
     def batch_received(self) -> None:
         """A batch of messages has been handed over: the source is live."""
 
+    def record_gap(self, reason: str, lost: int | None) -> None:
+        """Output is missing here that the source knows of (an upstream's own gap): one
+        gap record, ``lost`` messages (``None``: an unknown number)."""
+
     def link_changed(self, reachable: bool, reason: str, lost: int | None) -> None:
         """The kernel stopped answering (``reachable`` False) or answers again. ``lost`` is
         how many IOPub messages the source knows it missed meanwhile (``None``: it cannot

@@ -1,0 +1,400 @@
+"""Kernels behind another gateway, reached over its kernel WebSocket.
+
+With jupyter_server's ``GatewayClient`` settings (``--gateway-url``,
+``--GatewayClient.auth_token`` and the rest), kernels live on an upstream server (a
+jupyter_server, Kernel Gateway, Enterprise Gateway, or another kernel_gateway_stream) and
+jupyter_server's gateway kernel manager creates, lists, interrupts, restarts and deletes
+them there. This module gives such a kernel the two seams of :mod:`.base`:
+
+* :class:`UpstreamIOPubSource`: one WebSocket per kernel, owned by the gateway from the
+  kernel's start (or first sighting) to its end, so output is recorded with no client
+  attached. It speaks the v1 protocol (``v1.kernel.websocket.jupyter.org``) where the
+  upstream offers it and the legacy JSON protocol otherwise, keeps only IOPub, and when the
+  connection drops reconnects with capped exponential backoff and jitter. Meanwhile the
+  kernel is ``unreachable``; on reconnect what the upstream may have lost is a gap record
+  (``lost`` unknown), except from an upstream kernel_gateway_stream, which is resumed with
+  ``?since=`` its own last seq and so misses nothing (what that upstream could not record
+  itself, its gap records, become gap records here). The upstream's seq is kept in the
+  record's metadata under ``kernel_gateway_stream_upstream`` (ours is
+  ``kernel_gateway_stream``).
+* :class:`UpstreamChannels`: per client connection, a WebSocket of its own to the upstream
+  with the client's session id, so replies and ``input_request`` reach the client that
+  asked; its IOPub copy is dropped (the Tap has it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import WebSocketClientConnection, websocket_connect
+
+from ..core.errors import MalformedMessage, RemoteError
+from ..core.marks import GAP_MSG_TYPE
+from ..core.messages import KernelMessage, Signer, dumps_json, load_json_object
+from ..core.wire import SEQ_METADATA_KEY, decode_legacy_binary, decode_v1, encode_v1
+from .base import IOPubSink, ReplyCallback
+
+__all__ = [
+    "UPSTREAM_METADATA_KEY",
+    "V1_SUBPROTOCOL",
+    "UpstreamChannels",
+    "UpstreamIOPubSource",
+    "UpstreamKernelLink",
+    "UpstreamSettings",
+    "decode_upstream",
+    "encode_upstream",
+]
+
+V1_SUBPROTOCOL = "v1.kernel.websocket.jupyter.org"
+#: Where an upstream kernel_gateway_stream's seq is kept in a record's metadata.
+UPSTREAM_METADATA_KEY = "kernel_gateway_stream_upstream"
+#: Messages a client's channels hold while their upstream connection is not open.
+MAX_HELD = 1000
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    """Reconnection of upstream WebSockets: the first retry after ``retry_initial``
+    seconds, doubling up to ``retry_max``, each with jitter (half to one and a half)."""
+
+    retry_initial: float = 0.5
+    retry_max: float = 30.0
+    connect_timeout: float = 20.0
+    max_message_bytes: int = 256 * 1024 * 1024
+
+
+def decode_upstream(data: bytes | str, v1: bool) -> tuple[str, list[bytes]]:
+    """``(channel, [header, parent_header, metadata, content, *buffers])`` of a message an
+    upstream server sent.
+
+    Raises:
+        MalformedMessage: not a message of the protocol.
+    """
+    if v1:
+        if isinstance(data, str):
+            raise MalformedMessage("a v1 server sends binary frames")
+        channel, parts = decode_v1(data)
+        if len(parts) < 4:
+            raise MalformedMessage(f"a message has at least 4 parts, got {len(parts)}")
+        return channel, parts
+    if isinstance(data, bytes):
+        message, buffers = decode_legacy_binary(data)
+    else:
+        message, buffers = load_json_object(data, "message"), []
+    named = message.get("channel")
+    if not isinstance(named, str):
+        raise MalformedMessage("message has no channel")
+    channel = named
+    parts = []
+    for what in ("header", "parent_header", "metadata", "content"):
+        value = message.get(what)
+        parts.append(dumps_json(value if isinstance(value, dict) else {}))
+    return channel, [*parts, *buffers]
+
+
+def encode_upstream(channel: str, parts: list[bytes], v1: bool) -> bytes | str:
+    """A client's message (``[header, parent, metadata, content, *buffers]``) for the
+    upstream, in its protocol."""
+    if v1:
+        return encode_v1(channel, parts)
+    if len(parts) > 4:
+        raise MalformedMessage("the upstream speaks the legacy protocol: no binary buffers")
+    fields = ("header", "parent_header", "metadata", "content")
+    message: dict[str, Any] = {
+        name: json.loads(part) for name, part in zip(fields, parts, strict=True)
+    }
+    message["channel"] = channel
+    message["buffers"] = []
+    return json.dumps(message)
+
+
+def upstream_seq(raw_metadata: bytes) -> tuple[bytes, int | None]:
+    """``raw_metadata`` with an upstream kernel_gateway_stream's seq moved from our key to
+    :data:`UPSTREAM_METADATA_KEY`, and that seq (None if it is not there)."""
+    if SEQ_METADATA_KEY.encode() not in raw_metadata:
+        return raw_metadata, None
+    metadata = load_json_object(raw_metadata, "metadata")
+    theirs = metadata.pop(SEQ_METADATA_KEY, None)
+    if not isinstance(theirs, dict):
+        return raw_metadata, None
+    metadata[UPSTREAM_METADATA_KEY] = theirs
+    seq = theirs.get("seq")
+    return dumps_json(metadata), seq if isinstance(seq, int) else None
+
+
+class UpstreamKernelLink:
+    """A kernel behind an upstream gateway (see :class:`..base.KernelLink`)."""
+
+    kind = "upstream"
+
+    def __init__(
+        self,
+        kernel_id: str,
+        gateway_client: Any,
+        settings: UpstreamSettings,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.gateway_client = gateway_client
+        self.settings = settings
+        self.log = log
+        #: Nothing is signed over a WebSocket: an empty key turns signing off.
+        self.signer = Signer(b"")
+
+    def request(self, session_id: str, since: int | None = None) -> HTTPRequest:
+        """The upgrade request to the kernel's channels on the upstream."""
+        client = self.gateway_client
+        base = (client.ws_url or "").rstrip("/")
+        endpoint = client.kernels_endpoint.strip("/")
+        url = f"{base}/{endpoint}/{quote(self.kernel_id)}/channels?session_id={quote(session_id)}"
+        if since is not None:
+            url += f"&since={since}"
+        arguments = client.load_connection_args()
+        arguments["connect_timeout"] = self.settings.connect_timeout
+        arguments.pop("request_timeout", None)
+        return HTTPRequest(url, **arguments)
+
+    async def connect(self, session_id: str, since: int | None = None) -> Connection:
+        """An open WebSocket to the kernel's channels, v1 if the upstream offers it."""
+        socket = await websocket_connect(
+            self.request(session_id, since),
+            subprotocols=[V1_SUBPROTOCOL],
+            max_message_size=self.settings.max_message_bytes,
+        )
+        return Connection(socket, socket.selected_subprotocol == V1_SUBPROTOCOL)
+
+    def iopub(self, sink: IOPubSink) -> UpstreamIOPubSource:
+        return UpstreamIOPubSource(self, sink)
+
+    def channels(
+        self, identity: bytes, on_reply: ReplyCallback, *, handshake_timeout: float
+    ) -> UpstreamChannels:
+        return UpstreamChannels(self, identity, on_reply)
+
+
+@dataclass
+class Connection:
+    socket: WebSocketClientConnection
+    v1: bool
+
+
+def _backoff(settings: UpstreamSettings, attempt: int) -> float:
+    delay = min(settings.retry_max, settings.retry_initial * 2.0 ** min(attempt, 30))
+    jitter: float = random.uniform(0.5, 1.5)
+    return delay * jitter
+
+
+class UpstreamIOPubSource:
+    """A kernel's IOPub over one upstream WebSocket (see the module docstring)."""
+
+    def __init__(self, link: UpstreamKernelLink, sink: IOPubSink) -> None:
+        self.link = link
+        self.sink = sink
+        self.log = link.log
+        self.rejected = 0
+        self.replays = 0
+        self.invalid = 0
+        self.reachable = True
+        #: The upstream kernel_gateway_stream's last seq we recorded (None: the upstream
+        #: is not one, or said nothing yet).
+        self.upstream_seq: int | None = None
+        self.reconnects = 0
+        self._session_id = f"kernel_gateway_stream-tap-{uuid.uuid4().hex}"
+        self._connection: Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        attempt = 0
+        connected_before = False
+        while not self._stopped:
+            since = self.upstream_seq
+            try:
+                connection = await self.link.connect(self._session_id, since)
+            except Exception as error:  # refused, timed out, 404, TLS...: retry
+                if self._stopped:
+                    return
+                self._unreachable(f"{type(error).__name__}: {error}")
+                await asyncio.sleep(_backoff(self.link.settings, attempt))
+                attempt += 1
+                continue
+            attempt = 0
+            self._connection = connection
+            if connected_before:
+                self.reconnects += 1
+            if not self.reachable:
+                self.reachable = True
+                self.log.warning("Upstream kernel %s is reachable again", self.link.kernel_id)
+                # Resumed by seq from an upstream kernel_gateway_stream: nothing missed.
+                self.sink.link_changed(True, "upstream_reconnected", 0 if since else None)
+            elif connected_before:
+                self.sink.link_changed(True, "upstream_reconnected", 0 if since else None)
+            connected_before = True
+            self._nudge(connection)
+            await self._read(connection)
+            self._connection = None
+            if not self._stopped:
+                self._unreachable("the upstream closed the connection")
+                await asyncio.sleep(_backoff(self.link.settings, 0))
+
+    def _unreachable(self, why: str) -> None:
+        if self.reachable:
+            self.reachable = False
+            self.log.warning("Upstream kernel %s is unreachable: %s", self.link.kernel_id, why)
+            self.sink.link_changed(False, "upstream_unreachable", None)
+
+    def _nudge(self, connection: Connection) -> None:
+        """A kernel_info_request: its status messages prove the IOPub path live."""
+        header = {
+            "msg_id": uuid.uuid4().hex,
+            "msg_type": "kernel_info_request",
+            "username": "kernel_gateway_stream",
+            "session": self._session_id,
+            "date": _now_iso(),
+            "version": "5.4",
+        }
+        parts = [dumps_json(header), b"{}", b"{}", b"{}"]
+        connection.socket.write_message(
+            encode_upstream("shell", parts, connection.v1), binary=connection.v1
+        )
+
+    async def _read(self, connection: Connection) -> None:
+        while True:
+            data = await connection.socket.read_message()
+            if data is None:
+                return
+            try:
+                channel, parts = decode_upstream(data, connection.v1)
+                if channel != "iopub":
+                    continue
+                metadata, seq = upstream_seq(parts[2])
+                if seq is not None:
+                    if self.upstream_seq is not None and seq <= self.upstream_seq:
+                        self.replays += 1  # already recorded (an overlap on resume)
+                        continue
+                    self.upstream_seq = seq
+                    parts[2] = metadata
+                message = KernelMessage.from_parts(parts, repair=True)
+                if message.msg_type == GAP_MSG_TYPE:
+                    # The upstream's numbers are not ours: the gap is recorded afresh.
+                    reason = message.content().get("reason")
+                    self.sink.record_gap(f"upstream_{reason}"[:64], None)
+                    continue
+            except RemoteError as error:
+                self.rejected += 1
+                self.log.warning(
+                    "Upstream kernel %s sent an invalid message: %s", self.link.kernel_id, error
+                )
+                continue
+            self.sink.record_message(message)
+            self.sink.batch_received()
+
+    def reconnect(self) -> None:
+        """After a restart: the upstream keeps the connection; nothing to do."""
+
+    def drain(self) -> None:
+        """Messages are recorded as they arrive: nothing waits."""
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._connection is not None:
+            self._connection.socket.close()
+        if self._task is not None:
+            self._task.cancel()
+
+
+class UpstreamChannels:
+    """A client's shell, control and stdin to an upstream kernel, over a WebSocket of its
+    own (see the module docstring)."""
+
+    def __init__(self, link: UpstreamKernelLink, identity: bytes, on_reply: ReplyCallback) -> None:
+        self.link = link
+        self.session_id = identity.decode(errors="replace")
+        self.on_reply = on_reply
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.handshaken = False
+        self._connection: Connection | None = None
+        self._held: list[tuple[str, list[bytes]]] = []
+        self._closed = False
+        self._task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        attempt = 0
+        while not self._closed:
+            try:
+                connection = await self.link.connect(self.session_id)
+            except Exception:  # retried: the source reports the upstream's state
+                await asyncio.sleep(_backoff(self.link.settings, attempt))
+                attempt += 1
+                continue
+            attempt = 0
+            self._connection = connection
+            self.handshaken = True
+            if not self.ready.done():
+                self.ready.set_result(None)
+            held, self._held = self._held, []
+            for channel, parts in held:
+                self.send(channel, parts)
+            while (data := await connection.socket.read_message()) is not None:
+                self._deliver(data, connection.v1)
+            self._connection = None
+            if not self._closed:
+                await asyncio.sleep(_backoff(self.link.settings, 0))
+
+    def _deliver(self, data: bytes | str, v1: bool) -> None:
+        try:
+            channel, parts = decode_upstream(data, v1)
+            if channel == "iopub":
+                return
+            message = KernelMessage.from_parts(parts, repair=True)
+        except RemoteError as error:
+            self.link.log.warning("Dropped an invalid upstream reply: %s", error)
+            return
+        self.on_reply(channel, message)
+
+    def send(self, channel: str, parts: list[bytes]) -> None:
+        connection = self._connection
+        if connection is None:
+            if len(self._held) < MAX_HELD:
+                self._held.append((channel, parts))
+            return
+        try:
+            payload = encode_upstream(channel, parts, connection.v1)
+        except MalformedMessage as error:
+            self.link.log.warning("Not sent upstream: %s", error)
+            return
+        connection.socket.write_message(payload, binary=connection.v1)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, linger_ms: int = 0) -> None:
+        self._closed = True
+        if not self.ready.done():
+            self.ready.set_result(None)
+        connection = self._connection
+        if connection is None:
+            self._task.cancel()
+            return
+        if linger_ms:
+            # What was just sent still goes: the socket closes after a moment.
+            asyncio.get_running_loop().call_later(linger_ms / 1000, connection.socket.close)
+        else:
+            connection.socket.close()
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
