@@ -32,7 +32,16 @@ from . import scenarios as sc
 from .firehose import install_kernelspec
 from .systems import SYSTEMS, Server, System
 
-SCENARIOS = ("loss", "throughput", "fanout", "latency", "idle_memory", "transcript", "catchup")
+SCENARIOS = (
+    "loss",
+    "throughput",
+    "fanout",
+    "latency",
+    "idle_memory",
+    "transcript",
+    "catchup",
+    "upstream",
+)
 Row = dict[str, Any]
 
 
@@ -159,6 +168,7 @@ COLUMNS = {
         "note",
     ],
     "latency": ["p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "lines", "frames"],
+    "upstream": ["seconds", "x_alone", "lines", "loss_percent"],
     "idle_memory": [
         "clients",
         "rss_before_mib",
@@ -314,6 +324,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         rows = await run_references(plan, only)
         for system in chosen:
             rows += await run_system(system, home, plan, only)
+        if "upstream" in only:
+            rows += await sc.upstream(home, plan)
+            print("  upstream done", flush=True)
     add_ratios(rows)
     checks = targets(rows)
     elapsed = time.perf_counter() - started

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from .references import DirectKernel, sequential_read
-from .systems import Server
+from .systems import (
+    GATEWAY,
+    JUPYTER_SERVER,
+    JUPYTER_SERVER_NO_LIMIT,
+    TOKEN,
+    Server,
+    System,
+)
 from .wsclient import Channels, Tally, follow_all
 
 Row = dict[str, Any]
@@ -697,3 +704,59 @@ async def catchup(server: Server, plan: Plan) -> Row:
         disordered=tally.gaps,
         note="" if caught_up is not None else f"not live within {plan.timeout:.0f} s",
     )
+
+
+# -- Upstream: the loss flood through the gateway in front of another server ------------
+
+
+async def upstream(home: Path, plan: Plan) -> list[Row]:
+    """The 20,000-line flush flood read by a client of an upstream server alone, and read
+    through the gateway in front of it (``--gateway-url``): completeness and time, for
+    jupyter_server on its defaults, jupyter_server with its limit off, and another
+    kernel_gateway_stream. The kernel is the upstream's stock ``python3`` (ipykernel)."""
+    rows: list[Row] = []
+    for upstream_system in (JUPYTER_SERVER, JUPYTER_SERVER_NO_LIMIT, GATEWAY):
+        where = home / "upstream" / upstream_system.name.replace(" ", "_")
+        server = Server(upstream_system, where / "upstream", home / "jp")
+        await server.start()
+        front_system = System(
+            f"kernel_gateway_stream in front of {upstream_system.name}",
+            "gateway",
+            (f"--gateway-url={server.base}", f"--GatewayClient.auth_token={TOKEN}"),
+        )
+        front = Server(front_system, where / "front", home / "jp")
+        await front.start()
+        try:
+            for label, via in (("upstream alone", server), ("through the gateway", front)):
+                measures = await _flood_row(via, plan)
+                rows.append(row("upstream", upstream_system.name, label, **measures))
+        finally:
+            await front.stop()
+            await server.stop()
+    for item in rows:
+        if item["case"] == "through the gateway":
+            alone = next(
+                r for r in rows if r["system"] == item["system"] and r["case"] == "upstream alone"
+            )
+            item["x_alone"] = item["seconds"] / alone["seconds"] if alone["seconds"] else None
+    return rows
+
+
+async def _flood_row(server: Server, plan: Plan) -> dict[str, Any]:
+    kernel_id = await server.start_kernel()
+    try:
+        code = FLOOD.format(n=plan.flood_lines)
+        runs = [
+            await run_on(server, kernel_id, "v1", code, 1, plan.timeout * 4)
+            for _ in range(plan.peer_repeats)
+        ]
+    finally:
+        await server.shutdown_kernel(kernel_id)
+    lines = min(delivered(tallies)[0] for _, tallies, _, _ in runs)
+    return {
+        "seconds": statistics.median(r[0] for r in runs),
+        "lines": lines,
+        "expected": plan.flood_lines,
+        "loss_percent": 100 * (1 - lines / plan.flood_lines),
+        "runs": [r[0] for r in runs],
+    }

@@ -114,6 +114,10 @@ class KernelTap:
         self.sequencer = Sequencer(kernel_id)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.received = 0
+        #: The kernel's lives: 0 until its first restart, one more at each (restart marks
+        #: carry the number of the life they begin).
+        self.epoch = 0
+        self._last: KernelMessage | None = None
         self._active = False
         self.source: IOPubSource = link.iopub(self)
         self._closed = False
@@ -147,6 +151,8 @@ class KernelTap:
     async def start(self) -> None:
         """Number from the store's head, subscribe, and start nudging until ready."""
         self.sequencer.head = await self.store.head(self.kernel_id)
+        marks = await self.store.marks(self.kernel_id, 0)
+        self.epoch = sum(1 for mark in marks if mark.message.execution_state == "restarting")
         self.broker.open_kernel(self.kernel_id, self.sequencer.head)
         self.store.kernel_started(self.kernel_id, time.time())
         gap = self.manager.pending_gaps.pop(self.kernel_id, None)
@@ -206,6 +212,7 @@ class KernelTap:
 
     def _record(self, message: KernelMessage) -> None:
         self.received += 1
+        self._last = message
         manager = self.manager
         counts = manager.by_type.get(message.msg_type) or manager.counts_of(message.msg_type)
         counts[0] += 1
@@ -243,14 +250,30 @@ class KernelTap:
         """Record a lifecycle status the kernel cannot send itself (``restarting``,
         ``dead``), after whatever IOPub already holds: see :mod:`.core.marks`."""
         self._drain()
+        epoch = None
+        if execution_state == "restarting":
+            self.epoch += 1
+            epoch = self.epoch
         message = lifecycle_status(
             execution_state,
             reason,
             msg_id=str(uuid.uuid4()),
             date=now_iso(),
-            session=self.session_id,
+            session=self._kernel_session(),
+            epoch=epoch,
         )
         self._record(message)
+
+    def _kernel_session(self) -> str:
+        """The session of the kernel's last message (the life a mark closes), else the
+        Tap's own."""
+        last = self._last
+        if last is not None and not last.msg_type.startswith("kernel_gateway_stream"):
+            with contextlib.suppress(Exception):
+                session = last.header().get("session")
+                if isinstance(session, str) and session:
+                    return session
+        return self.session_id
 
     def _drain(self) -> None:
         """Record whatever IOPub messages have already arrived."""

@@ -56,14 +56,22 @@ LIFECYCLE_MSG_TYPE = "kernel_gateway_stream_lifecycle"
 
 
 def lifecycle_status(
-    state: str, reason: str, *, msg_id: str, date: str, session: str
+    state: str, reason: str, *, msg_id: str, date: str, session: str, epoch: int | None = None
 ) -> KernelMessage:
-    """A ``status`` message for a lifecycle change the kernel cannot announce itself."""
+    """A ``status`` message for a lifecycle change the kernel cannot announce itself.
+
+    ``session`` is the header's session: the kernel session of the life that ends here (a
+    frontend such as JupyterLab drops queued messages whose session differs from the
+    newest it saw, so the mark must not look like a new one). ``epoch``, for a restart,
+    numbers the kernel's life that begins after it (the first is 0)."""
     if state not in LIFECYCLE_STATES:
         raise ValueError(f"not a lifecycle state: {state!r}")
+    content: dict[str, Any] = {"execution_state": state, "reason": reason}
+    if epoch is not None:
+        content["epoch"] = epoch
     return KernelMessage.synthesize(
         "status",
-        {"execution_state": state, "reason": reason},
+        content,
         msg_id=msg_id,
         date=date,
         session=session,

@@ -277,6 +277,36 @@ async def test_kernel_restart_keeps_numbering_and_clients(
     assert_contiguous(Received(before.messages + after.messages))
 
 
+async def test_a_restart_is_an_epoch_boundary_in_the_old_lifes_session(
+    start_kernel: Any, connect: Any, jp_fetch: Any, transcript: Any
+) -> None:
+    """The restart mark numbers the life it begins (epoch) and carries the header session
+    of the life it ends, so that a frontend which drops messages of an older session than
+    the newest it saw (JupyterLab) does not take the mark for a new life."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    await ws.until_idle(ws.execute("print('first life')"))
+    for _ in range(2):
+        await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body="")
+        await ws.until_idle(ws.execute("print('next life')"))
+    ws.close()
+    page = await transcript(kernel_id, limit=1000)
+    records = page["records"]
+    marks = [
+        (index, record)
+        for index, record in enumerate(records)
+        if record["msg_type"] == "status" and record["content"]["execution_state"] == "restarting"
+    ]
+    assert [record["content"]["epoch"] for _, record in marks] == [1, 2]
+    for index, mark in marks:
+        before = [
+            r for r in records[:index] if not r["msg_type"].startswith("kernel_gateway_stream")
+        ]
+        after = records[index + 1 :]
+        assert mark["header"]["session"] == before[-1]["header"]["session"]
+        assert any(r["header"]["session"] != mark["header"]["session"] for r in after)
+
+
 async def test_unknown_kernel_and_bad_since_get_json_errors(
     start_kernel: Any, connect: Any
 ) -> None:
