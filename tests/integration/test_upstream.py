@@ -24,6 +24,7 @@ from kernel_gateway_stream.client import GatewayClient
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon, free_port
+from .wsclient import KernelWS
 
 FLOOD = "for i in range(20000): print(i, flush=True)"
 EXPECTED = "".join(f"{i}\n" for i in range(20000))
@@ -248,3 +249,42 @@ async def test_chained_upstream_killed_and_started_again_loses_nothing(
         ]
         assert upstream_seqs == sorted(set(upstream_seqs)), "the upstream's seq is kept"
         await client.shutdown(kernel_id)
+
+
+async def test_a_stock_jupyter_server_in_front_of_the_gateway(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """``jupyter server --gateway-url=<this gateway>``: its users' notebooks get every line of
+    a 20,000-line flush flood (jupyter_server's gateway client proxies without the rate
+    limit that drops such floods from its own kernels)."""
+    daemon.start()
+    await daemon.wait_ready()
+    front = Upstream(
+        tmp_path / "front",
+        "jupyter_server",
+        f"--gateway-url={daemon.url}",
+        f"--GatewayClient.auth_token={TOKEN}",
+    )
+    front.start()
+    try:
+        await front.wait_ready()
+        response = await AsyncHTTPClient().fetch(
+            f"{front.url}/api/kernels",
+            method="POST",
+            body="{}",
+            headers={"Authorization": f"token {TOKEN}"},
+        )
+        kernel_id = json.loads(response.body)["id"]
+        ws = await KernelWS.open(
+            f"ws://127.0.0.1:{front.port}/api/kernels/{kernel_id}/channels",
+            {"Authorization": f"token {TOKEN}"},
+        )
+        try:
+            received = await ws.until_idle(ws.execute(FLOOD), timeout=seconds(120))
+        finally:
+            ws.close()
+        assert received.text() == EXPECTED
+        async with GatewayClient(daemon.url, TOKEN) as client:
+            assert await client.transcript_text(kernel_id) == EXPECTED
+    finally:
+        front.stop()
