@@ -1,0 +1,468 @@
+"""Kernels in a network namespace of their own (:mod:`kernel_gateway_stream.kernels.netns`).
+
+The kernel is reachable only over a veth pair and TCP, as a kernel in a container would
+be. With jupyter_client alone: it starts, runs code, listens at its namespace's address,
+answers interrupts, keeps its namespace across a restart and leaves nothing behind, even
+when it crashed. Through the real daemon: a 20,000-line flood is recorded whole, and a
+link that goes down mid-run loses nothing, shows the kernel ``unreachable`` meanwhile and
+records it in the transcript.
+
+These need root and a working ``ip netns``; elsewhere they are skipped, except under
+``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from kernel_gateway_stream.client import GatewayClient
+from kernel_gateway_stream.kernels import netns
+from kernel_gateway_stream.kernels.netns import (
+    DEFAULT_SUBNET_POOL,
+    PROVISIONER_NAME,
+    choose_subnet,
+    host_interface_name,
+    install_netns_kernelspec,
+    namespace_name,
+)
+
+from ..timing import seconds
+from .daemon import TOKEN, Daemon
+
+KERNEL_NAME = "python3-netns"
+LIFECYCLE = "kernel_gateway_stream_lifecycle"
+GAP = "kernel_gateway_stream_gap"
+
+
+# -- the host, observed without the code under test ----------------------------------
+
+
+def ip(*args: str, check: bool = True) -> str:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=seconds(30))
+    if check and done.returncode != 0:
+        raise AssertionError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def listed_namespaces() -> set[str]:
+    return {line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()}
+
+
+def host_links() -> set[str]:
+    return {line.split(":")[1].strip().split("@")[0] for line in ip("-o", "link").splitlines()}
+
+
+def remove_namespace(name: str) -> None:
+    """Kill what runs in namespace ``name``, delete its host veth and the namespace."""
+    for pid in ip("netns", "pids", name, check=False).split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    ip("link", "del", "v" + name, check=False)
+    ip("netns", "del", name, check=False)
+
+
+@functools.cache
+def netns_unavailable() -> str | None:
+    """Why this host cannot run kernels in namespaces; None if it can."""
+    if os.geteuid() != 0:
+        return f"kernels in network namespaces need root (uid {os.geteuid()})"
+    if shutil.which("ip") is None:
+        return "kernels in network namespaces need iproute2's ip (apt-get install iproute2)"
+    probe = f"kgs-probe-{os.getpid()}"
+    try:
+        for args in (("netns", "add", probe), ("netns", "exec", probe, "true")):
+            done = subprocess.run(["ip", *args], capture_output=True, text=True)
+            if done.returncode != 0:
+                return f"ip {' '.join(args)} fails here: {done.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@pytest.fixture
+def netns_host() -> None:
+    """Skip unless this host can run kernels in namespaces (fail instead under CI=true)."""
+    reason = netns_unavailable()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true, and {reason}")
+        pytest.skip(reason)
+    names = {ep.name for ep in entry_points(group="jupyter_client.kernel_provisioners")}
+    assert PROVISIONER_NAME in names, "the entry point is not registered: pip install -e ."
+
+
+@pytest.fixture
+def sweep(netns_host: None) -> Iterator[None]:
+    """Whatever kgs- namespace a test leaves behind, even on failure, is removed."""
+    before = listed_namespaces()
+    yield
+    for name in listed_namespaces() - before:
+        if name.startswith("kgs-"):
+            remove_namespace(name)
+
+
+@pytest.fixture
+def netns_daemon(sweep: None, daemon: Daemon) -> Daemon:
+    """The daemon with the netns kernelspec installed (stopped before the sweep)."""
+    install_netns_kernelspec(daemon.home / "data" / "kernels", KERNEL_NAME)
+    return daemon
+
+
+@pytest.fixture
+def kernel_manager(
+    sweep: None, tmp_path: Path, jp_asyncio_loop: asyncio.AbstractEventLoop
+) -> Iterator[AsyncKernelManager]:
+    """A jupyter_client kernel manager for the netns kernelspec (its kernel not started)."""
+    kernels = tmp_path / "kernels"
+    install_netns_kernelspec(kernels, KERNEL_NAME)
+    km = AsyncKernelManager(
+        kernel_name=KERNEL_NAME,
+        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)]),
+        connection_file=str(tmp_path / "kernel.json"),
+    )
+    yield km
+    if km.has_kernel:
+        jp_asyncio_loop.run_until_complete(km.shutdown_kernel(now=True))
+
+
+async def start(km: AsyncKernelManager) -> Any:
+    """Start the kernel; a client whose channels are ready."""
+    env = {**os.environ, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    await km.start_kernel(env=env)
+    client = km.client()
+    client.start_channels()
+    await client.wait_for_ready(timeout=seconds(60))
+    return client
+
+
+async def run(client: Any, code: str) -> tuple[dict[str, Any], str]:
+    """Run ``code``; its execute_reply content and its stdout."""
+    stdout: list[str] = []
+
+    def output(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            stdout.append(msg["content"]["text"])
+
+    reply = await client.execute_interactive(code, output_hook=output, timeout=seconds(60))
+    return reply["content"], "".join(stdout)
+
+
+def namespace_of(pid: int) -> str:
+    return ip("netns", "identify", str(pid)).strip()
+
+
+# -- pure parts, and refusals --------------------------------------------------------
+
+
+def test_a_free_subnet_overlaps_no_address_of_the_host() -> None:
+    pool = ipaddress.IPv4Network("10.213.0.0/16")
+    used = [
+        ipaddress.IPv4Network("10.213.0.0/30"),
+        ipaddress.IPv4Network("10.213.0.4/31"),
+        ipaddress.IPv4Network("192.0.2.0/24"),
+    ]
+    assert choose_subnet(pool, used) == ipaddress.IPv4Network("10.213.0.8/30")
+    assert choose_subnet(pool, [ipaddress.IPv4Network("10.0.0.0/8")]) is None
+    assert namespace_name("3E468ADA-1234") == "kgs-3e468ada"
+    assert len(host_interface_name("3e468ada-1234-5678")) <= 15
+
+
+def test_the_kernelspec_and_its_installer(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "kernel_gateway_stream.kernels.netns", "install"),
+            *("--dir", str(tmp_path), "--name", "ns-test", "--subnet-pool", "10.99.0.0/24"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds(60),
+    )
+    assert done.returncode == 0, done.stderr
+    spec = json.loads((tmp_path / "ns-test" / "kernel.json").read_text())
+    assert spec["argv"] == [
+        sys.executable,
+        "-m",
+        "kernel_gateway_stream.kernel_launcher",
+        "-f",
+        "{connection_file}",
+    ]
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": PROVISIONER_NAME,
+        "config": {"subnet_pool": "10.99.0.0/24"},
+    }
+    prefixed = install_netns_kernelspec(tmp_path / "prefix", prefix=True)
+    assert prefixed == tmp_path / "prefix" / "share" / "jupyter" / "kernels" / KERNEL_NAME
+    with pytest.raises(ValueError, match="invalid kernel name"):
+        install_netns_kernelspec(tmp_path, "no spaces")
+
+
+def test_it_refuses_without_root_or_ip(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(RuntimeError, match="iproute2's 'no-such-ip'") as missing:
+        netns.require_netns_support("no-such-ip")
+    assert "\n" not in str(missing.value)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(RuntimeError, match=r"need root \(uid 1000 is not\)") as not_root:
+        netns.require_netns_support()
+    assert "\n" not in str(not_root.value)
+
+
+async def test_networks_made_at_once_get_their_own_subnets(sweep: None) -> None:
+    pool = ipaddress.IPv4Network(DEFAULT_SUBNET_POOL)
+    kernel_ids = [f"{n:08x}-0000-4000-8000-{os.getpid():012x}" for n in range(0xFEED0, 0xFEED4)]
+    made = await asyncio.gather(
+        *(asyncio.to_thread(netns.create_network, kernel_id, pool) for kernel_id in kernel_ids)
+    )
+    try:
+        assert len({network.subnet for network in made}) == len(kernel_ids)
+        assert {network.namespace for network in made} <= listed_namespaces()
+        for network in made:
+            assert network.subnet.subnet_of(pool)
+            assert f"{network.host_address}/30" in ip(
+                "-o", "-4", "addr", "show", "dev", network.host_interface
+            )
+            inside = ip("-n", network.namespace, "-o", "-4", "addr", "show", "dev", "eth0")
+            assert f"{network.kernel_address}/30" in inside
+    finally:
+        for network in made:
+            netns.delete_network(network)
+            netns.delete_network(network)  # again: nothing left to delete, no error
+    assert not {network.namespace for network in made} & listed_namespaces()
+    assert not {network.host_interface for network in made} & host_links()
+
+
+# -- with jupyter_client alone ---------------------------------------------------------
+
+
+async def test_a_kernel_runs_in_its_own_namespace(kernel_manager: AsyncKernelManager) -> None:
+    km = kernel_manager
+    client = await start(km)
+    try:
+        kernel_id = str(km.kernel_id)
+        name = namespace_name(kernel_id)
+        info = km.get_connection_info()
+        address = ipaddress.ip_address(info["ip"])
+        assert address in ipaddress.ip_network(DEFAULT_SUBNET_POOL)
+        assert info["transport"] == "tcp"
+        assert json.loads(Path(km.connection_file).read_text())["ip"] == str(address)
+        assert name in listed_namespaces()
+        assert host_interface_name(kernel_id) in host_links()
+        assert namespace_of(km.provisioner.pid) == name  # type: ignore[union-attr]
+        assert km.watch_heartbeat is True  # type: ignore[attr-defined]
+
+        reply, stdout = await run(client, "print(1+1)")
+        assert (reply["status"], stdout) == ("ok", "2\n")
+        # The kernel sees only its namespace's interfaces, and the address is its own.
+        reply, stdout = await run(
+            client,
+            "import socket, subprocess\n"
+            "print(sorted(name for _, name in socket.if_nameindex()))\n"
+            "print(subprocess.run(['ip', '-4', '-o', 'addr', 'show', 'eth0'],"
+            " capture_output=True, text=True).stdout.split()[3])",
+        )
+        interfaces, own_address = stdout.splitlines()
+        assert interfaces == "['eth0', 'lo']"
+        assert own_address.split("/")[0] == str(address)
+        # The host reaches it over TCP, at that address.
+        for port in (info["shell_port"], info["hb_port"]):
+            with socket.create_connection((str(address), port), timeout=seconds(10)):
+                pass
+    finally:
+        client.stop_channels()
+        await km.shutdown_kernel()
+    assert name not in listed_namespaces()
+    assert host_interface_name(kernel_id) not in host_links()
+
+
+async def test_interrupt_and_restart_keep_the_namespace(
+    kernel_manager: AsyncKernelManager,
+) -> None:
+    km = kernel_manager
+    client = await start(km)
+    try:
+        name = namespace_name(str(km.kernel_id))
+        info = km.get_connection_info()
+        first_pid = km.provisioner.pid  # type: ignore[union-attr]
+        msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
+        while True:  # until the cell runs
+            msg = await client.get_iopub_msg(timeout=seconds(60))
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                break
+        await km.interrupt_kernel()  # SIGINT, through ip netns exec's process
+        reply = await client.get_shell_msg(timeout=seconds(60))
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert (reply["content"]["status"], reply["content"]["ename"]) == (
+            "error",
+            "KeyboardInterrupt",
+        )
+
+        await km.restart_kernel()
+        await client.wait_for_ready(timeout=seconds(60))
+        assert km.get_connection_info() == info  # same address, ports and key
+        assert name in listed_namespaces()
+        second_pid = km.provisioner.pid  # type: ignore[union-attr]
+        assert second_pid != first_pid
+        assert namespace_of(second_pid) == name
+        reply, stdout = await run(client, "import os\nprint(os.getpid())")
+        assert stdout == f"{second_pid}\n"  # ip netns exec became the kernel
+    finally:
+        client.stop_channels()
+        await km.shutdown_kernel()
+    assert name not in listed_namespaces()
+
+
+async def test_a_crashed_kernel_leaves_no_namespace(kernel_manager: AsyncKernelManager) -> None:
+    km = kernel_manager
+    client = await start(km)
+    name = namespace_name(str(km.kernel_id))
+    try:
+        # A process that left the kernel's process group still runs in the namespace.
+        _, stdout = await run(
+            client,
+            "import subprocess\n"
+            "print(subprocess.Popen(['sleep', '600'], start_new_session=True).pid)",
+        )
+        escaped = int(stdout)
+        os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        deadline = time.monotonic() + seconds(30)
+        while await km.is_alive():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+    finally:
+        client.stop_channels()
+    # What the gateway does for a kernel that died for good; twice is harmless.
+    await km.cleanup_resources()
+    await km.cleanup_resources()
+    assert name not in listed_namespaces()
+    assert host_interface_name(str(km.kernel_id)) not in host_links()
+    deadline = time.monotonic() + seconds(30)
+    while Path(f"/proc/{escaped}").exists() and "Z" not in _state(escaped):
+        assert time.monotonic() < deadline, "the escaped process was not killed"
+        await asyncio.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "gone"
+
+
+# -- through the daemon ----------------------------------------------------------------
+
+
+async def transcript_records(
+    client: GatewayClient, kernel_id: str, **filters: Any
+) -> list[dict[str, Any]]:
+    """Every record of the transcript (all its pages)."""
+    records: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        page = await client.transcript(kernel_id, since=since, limit=10000, **filters)
+        records.extend(page["records"])
+        if page["next_since"] >= page["head"] or not page["records"]:
+            return records
+        since = page["next_since"]
+
+
+async def test_a_flood_through_the_daemon_is_recorded_whole(netns_daemon: Daemon) -> None:
+    daemon = netns_daemon
+    daemon.start()
+    await daemon.wait_ready()
+    async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
+        kernel_id = await client.start_kernel(KERNEL_NAME)
+        name = namespace_name(kernel_id)
+        assert name in listed_namespaces()
+        assert any(
+            pid in daemon.kernel_pids() for pid in map(int, ip("netns", "pids", name).split())
+        )
+        result = await asyncio.wait_for(
+            client.execute(kernel_id, "for i in range(20000): print(i, flush=True)"),
+            seconds(180),
+        )
+        assert result.ok
+        text = await client.transcript_text(kernel_id, parent=result.msg_id)
+        assert text == "".join(f"{i}\n" for i in range(20000))
+        await client.shutdown(kernel_id)
+    assert name not in listed_namespaces()
+    assert host_interface_name(kernel_id) not in host_links()
+
+
+async def test_a_link_that_fails_mid_run_loses_nothing(netns_daemon: Daemon) -> None:
+    daemon = netns_daemon
+    daemon.start("--TapManager.heartbeat_interval=0.5", "--TapManager.heartbeat_timeout=2")
+    await daemon.wait_ready()
+    lines = 400  # one every 20 ms: about 8 s
+    code = f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.02)"
+    async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
+        kernel_id = await client.start_kernel(KERNEL_NAME)
+        link = host_interface_name(kernel_id)
+        await client.execute(kernel_id, "print('ready')")  # tapped and answering
+        msg_id = await client.start_execution(kernel_id, code)
+        deadline = time.monotonic() + seconds(60)
+        while len((await client.transcript_text(kernel_id, parent=msg_id)).splitlines()) < 20:
+            assert time.monotonic() < deadline, daemon.log_text()
+            await asyncio.sleep(0.05)
+
+        states: list[str] = []
+        ip("link", "set", link, "down")
+        try:
+            # Down until the gateway has seen it (its heartbeat times out after 2 s), or
+            # for at most the deadline: then the rest of the test says what happened.
+            deadline = time.monotonic() + seconds(20)
+            while time.monotonic() < deadline:
+                state = (await daemon.fetch(f"/api/kernels/{kernel_id}"))["execution_state"]
+                states.append(state)
+                if state == "unreachable":
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2)  # and longer: the outage outlasts its detection
+        finally:
+            ip("link", "set", link, "up")
+
+        deadline = time.monotonic() + seconds(60)
+        while (await daemon.fetch(f"/api/kernels/{kernel_id}"))["execution_state"] == (
+            "unreachable"
+        ):
+            assert time.monotonic() < deadline, daemon.log_text()
+            await asyncio.sleep(0.1)
+
+        async def until_done() -> None:
+            async for event in client.execution_events(kernel_id, msg_id):
+                if event.event == "done":
+                    return
+
+        await asyncio.wait_for(until_done(), seconds(120))
+        text = await client.transcript_text(kernel_id, parent=msg_id)
+        assert text == "".join(f"{i}\n" for i in range(lines))
+
+        records = await transcript_records(client, kernel_id)
+        marks = [
+            (r["seq"], r["content"].get("event")) for r in records if r["msg_type"] == LIFECYCLE
+        ]
+        events = [event for _, event in marks]
+        assert "unreachable" in states, f"execution_state during the outage: {sorted(set(states))}"
+        assert events[:2] == ["unreachable", "reachable"], f"lifecycle records: {marks}"
+        # The TCP connection survived the outage: nothing was lost, so no gap record.
+        assert not [r for r in records if r["msg_type"] == GAP]
+        await client.shutdown(kernel_id)
+    assert namespace_name(kernel_id) not in listed_namespaces()
