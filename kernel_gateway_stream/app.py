@@ -522,8 +522,13 @@ class GatewayStreamApp(ExtensionApp):
         if hasattr(self, "_metrics_server"):
             self._metrics_server.stop()
         now = time.time()
-        for kernel_id in list(self.taps.taps):
+        for kernel_id, tap in list(self.taps.taps.items()):
             self.store.kernel_ended(kernel_id, now)
+            # jupyter_server shuts every kernel down after this: only a kernel that runs on
+            # (attached, not the gateway's own: it is detached) is re-attached next time.
+            kernel = tap.kernel_manager
+            if getattr(kernel, "attachment", None) is None or kernel.stop_on_shutdown:
+                self.store.save_link(kernel_id, None)
         self.attacher.stop()
         self.taps.close()
         await self.services.gateway_stopping(self.shutdown_drain_timeout)

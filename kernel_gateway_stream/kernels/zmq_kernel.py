@@ -166,7 +166,11 @@ class KernelSockets:
                 poller.register(socket, zmq.POLLIN)
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
-                for socket, _ in await poller.poll(left * 1000):
+                try:
+                    ready = await poller.poll(left * 1000)
+                except zmq.ZMQError:  # the gateway is stopping
+                    return None
+                for socket, _ in ready:
                     frames = await socket.recv_multipart()
                     try:
                         reply = decode_signed(frames, signer)
@@ -189,12 +193,18 @@ class KernelSockets:
             await socket.send(b"ping")
             await asyncio.wait_for(socket.recv(), timeout)
             return True
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, zmq.ZMQError):  # no echo, or the gateway is stopping
             return False
         finally:
             socket.close(linger=0)
 
     def close(self) -> None:
+        # The asyncio shadow's sockets first (heartbeats, probes still waiting): terminating
+        # the context waits for every socket made in it, and the loop that would close
+        # them is the one waiting.
+        for socket in list(self.async_context._sockets):
+            if not socket.closed:
+                socket.close(linger=0)
         self.context.destroy(linger=0)
 
 
