@@ -16,10 +16,13 @@ figures; the README quotes them.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from pathlib import Path
+from typing import Any
 
 import psutil
+from tornado.httpclient import AsyncHTTPClient
 
 from benchmarks.firehose import install_kernelspec
 
@@ -45,6 +48,17 @@ TRIM_INTERVAL = 2.0
 SETTLE_TRIMS = 3
 #: Seconds each client's session is held after it drops (60 by default).
 SESSION_GRACE = 3.0
+
+
+async def health(daemon: Daemon) -> dict[str, Any]:
+    """The health body, whatever its status: under a storm on a slow machine the store may
+    say it is failing (503: its writer fell behind, and what it dropped is a gap record),
+    and what this test reads, the broker's subscribers and sessions, is there all the same."""
+    response = await AsyncHTTPClient().fetch(
+        daemon.url + "/api/gateway/health", headers=daemon.headers, raise_error=False
+    )
+    body: dict[str, Any] = json.loads(response.body)
+    return body
 
 
 async def storm_client(
@@ -124,12 +138,12 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
         await daemon.fetch(f"/api/kernels/{kernel_id}/interrupt", method="POST", body="")
         # Every client has left: nothing of theirs is kept (no subscriber, no replay).
         deadline = loop.time() + seconds(30)
-        while (await daemon.fetch("/api/gateway/health"))["components"]["broker"]["subscribers"]:
+        while (await health(daemon))["components"]["broker"]["subscribers"]:
             assert loop.time() < deadline, "subscribers outlived their clients"
             await asyncio.sleep(0.5)
         # Each connection named a new session, held for the client's return for the grace
         # period (SESSION_GRACE here): once it is over, nothing of theirs is held either.
-        while (await daemon.fetch("/api/gateway/health"))["components"]["broker"]["sessions_away"]:
+        while (await health(daemon))["components"]["broker"]["sessions_away"]:
             assert loop.time() < deadline, "sessions outlived their grace period"
             await asyncio.sleep(0.5)
         # Freed memory goes back to the system at the gateway's next heap trim (every
@@ -142,8 +156,10 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
             await asyncio.sleep(0.5)
             after = min(after, process.memory_info().rss / MiB)
         sampler.cancel()
+        store = (await health(daemon))["components"]
         print(
-            f"reconnect storm {storm + 1}: baseline {baseline:.0f} MiB, peak {peak:.0f} MiB, "
+            f"reconnect storm {storm + 1}: store {store.get('store', {}).get('state')}, "
+            f"baseline {baseline:.0f} MiB, peak {peak:.0f} MiB, "
             f"after {after:.0f} MiB ({after / baseline:.2f} x baseline)"
         )
         assert peak - baseline < PEAK_MIB
