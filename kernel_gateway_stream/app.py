@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
@@ -24,6 +25,7 @@ import sys
 import time
 from typing import Any
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
 from tornado.ioloop import PeriodicCallback
@@ -36,6 +38,7 @@ from .broker.subscriber import ReplayLimits
 from .core.errors import GatewayStreamError, StoreUnavailable
 from .core.health import ComponentHealth, State
 from .executions import ExecutionManager
+from .handlers.cells import CellsHandler
 from .handlers.channels import ChannelsHandler, StreamChannelsConnection
 from .handlers.common import SETTINGS_KEY, QueuePolicy, Services
 from .handlers.execute import (
@@ -63,6 +66,7 @@ from .memory import HeapTrimmer
 from .secrets import RedactingFilter, forbid_dumping, remove_secrets_from_environment
 from .stores.base import TranscriptStore
 from .stores.sqlite import SQLiteTranscriptStore
+from .stores.sqlite_schema import create_private_file
 from .tap import KERNEL_ACTIONS_SCHEMA, TapManager
 
 __all__ = ["GatewayStreamApp", "StartRefused", "StreamServerApp", "main"]
@@ -226,6 +230,14 @@ class GatewayStreamApp(ExtensionApp):
         "a kernel running as the same user cannot read the gateway's memory or environment "
         "through /proc or ptrace.",
     )
+    keep_sessions = Bool(
+        True,
+        config=True,
+        help="Keep jupyter_server's sessions (which notebook runs on which kernel) in "
+        "sessions.sqlite3 beside the transcripts, so that a page reloaded after the gateway "
+        "restarted finds its kernel again (kernels outlive the gateway; jupyter_server keeps "
+        "sessions in memory). Only when SessionManager.database_filepath is not set.",
+    )
     allow_unauthenticated_remote_access = Bool(
         False,
         config=True,
@@ -368,6 +380,12 @@ class GatewayStreamApp(ExtensionApp):
         # The Type traits hold concrete subclasses of these ABCs.
         self.store: TranscriptStore = self.transcript_store_class(parent=self, log=self.log)
         self.store.open()
+        #: Set while the kernels an earlier run left are re-attached, and once they are (or
+        #: are found gone).
+        self.recovering = asyncio.Event()
+        self.recovered = asyncio.Event()
+        if self.keep_sessions:
+            self._keep_sessions(serverapp)
         self.broker: Broker = self.broker_class(parent=self, log=self.log)
         self.sockets = KernelSockets()
         kernel_manager = serverapp.kernel_manager
@@ -387,6 +405,8 @@ class GatewayStreamApp(ExtensionApp):
             ),
             executions=self.executions,
             attacher=self.attacher,
+            recovering=self.recovering,
+            recovered=self.recovered,
             policy=QueuePolicy(
                 self.subscriber_max_bytes, self.subscriber_max_lag, self.subscriber_merge_max_bytes
             ),
@@ -462,6 +482,7 @@ class GatewayStreamApp(ExtensionApp):
                 (rf"/api/kernels/{_KERNEL_ID}/(?P<action>restart|interrupt)", KernelActionsHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/channels", ChannelsHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/transcript", TranscriptHandler),
+                (rf"/api/kernels/{_KERNEL_ID}/cells", CellsHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/stream", StreamHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/execute", ExecuteHandler),
                 (rf"/api/kernels/{_KERNEL_ID}/executions/{_MSG_ID}", ExecutionHandler),
@@ -477,9 +498,35 @@ class GatewayStreamApp(ExtensionApp):
             ]
         )
 
+    def _keep_sessions(self, serverapp: ServerApp) -> None:
+        """See :attr:`keep_sessions`. A session whose kernel is not known yet waits for the
+        re-attachment (jupyter_server deletes a session whose kernel it does not know)."""
+        sessions = getattr(serverapp, "session_manager", None)
+        path = getattr(self.store, "path", None)
+        if sessions is None or not isinstance(path, str):
+            return
+        if sessions.database_filepath == ":memory:" and sessions._connection is None:
+            target = os.path.join(os.path.dirname(os.path.abspath(path)), "sessions.sqlite3")
+            create_private_file(target)
+            sessions.database_filepath = target
+        culled = sessions.kernel_culled
+        recovering, recovered = self.recovering, self.recovered
+
+        async def kernel_culled(kernel_id: str) -> bool:
+            if recovering.is_set() and not recovered.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(recovered.wait(), self.attacher.attach_timeout * 3)
+            return bool(await ensure_async(culled(kernel_id)))
+
+        sessions.kernel_culled = kernel_culled
+
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        self.recovering.set()
         self.taps.start()
-        await self.attacher.recover(await self.store.load_links(), self.taps, self.store)
+        try:
+            await self.attacher.recover(await self.store.load_links(), self.taps, self.store)
+        finally:
+            self.recovered.set()
         self.attacher.start()
         self._health_watch = PeriodicCallback(self._watch_health, self.health_check_interval * 1000)
         self._health_watch.start()

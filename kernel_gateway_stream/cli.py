@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 from .client import ClientError, Event, GatewayClient, Reconnect
+from .core.marks import GAP_MSG_TYPE, LIFECYCLE_MSG_TYPE
 
 __all__ = ["main"]
 
@@ -198,7 +199,39 @@ async def _follow(client: GatewayClient, args: argparse.Namespace, _: Stopper) -
             _write(sys.stderr if content["name"] == "stderr" else sys.stdout, content["text"])
         elif event.event == "kernel_shutdown":
             _say("kgs: the kernel shut down")
+        else:
+            notice = _notice(event.event, event.data.get("content"))
+            if notice:
+                _say(f"kgs: {notice}")
     return EXIT_OK
+
+
+def _notice(event: str, content: Any) -> str | None:
+    """What ``kgs follow`` says on stderr of a record that is not output: the kernel's
+    lives (a restart begins a new one), and what the transcript could not keep."""
+    if not isinstance(content, dict):
+        return None
+    reason = content.get("reason")
+    because = f" ({reason})" if isinstance(reason, str) and reason else ""
+    if event == "status" and content.get("execution_state") == "restarting":
+        epoch = content.get("epoch")
+        life = f": life {epoch} begins" if isinstance(epoch, int) else ""
+        return f"the kernel restarted{because}{life}"
+    if event == "status" and content.get("execution_state") == "dead":
+        return f"the kernel is gone{because}"
+    if event == GAP_MSG_TYPE:
+        lost = content.get("lost")
+        first, last = content.get("first_seq"), content.get("last_seq")
+        if isinstance(lost, int) and lost > 0:
+            what = f"{lost} messages lost"
+        elif "lost" in content and lost is None:
+            what = "output may be missing"
+        else:
+            what = f"seq {first}..{last} could not be kept"
+        return f"{what} here{because}"
+    if event == LIFECYCLE_MSG_TYPE and content.get("event") in ("unreachable", "reachable"):
+        return f"the kernel is {content['event']}{because}"
+    return None
 
 
 async def _export(client: GatewayClient, args: argparse.Namespace, _: Stopper) -> int:

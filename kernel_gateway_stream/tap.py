@@ -39,7 +39,13 @@ from .broker.base import Broker
 from .core.errors import UnknownKernel
 from .core.guards import withhold_traceback
 from .core.health import ComponentHealth, State
-from .core.marks import gap_message, lifecycle_request, lifecycle_status
+from .core.marks import (
+    SPOOL_MSG_TYPE,
+    gap_message,
+    lifecycle_request,
+    lifecycle_status,
+    request_mark,
+)
 from .core.messages import KernelMessage, Record, Signer
 from .core.sequencer import Sequencer
 from .kernels.base import IOPubSource, KernelLink
@@ -117,6 +123,11 @@ class KernelTap:
         #: The kernel's lives: 0 until its first restart, one more at each (restart marks
         #: carry the number of the life they begin).
         self.epoch = 0
+        #: The reason of the gap to record before the kernel's next message, if it does
+        #: not say that it held its output (re-attached after a restart of the gateway).
+        self._restart_gap: str | None = None
+        self._known_session = ""
+        self._session_read_from: KernelMessage | None = None
         self._last: KernelMessage | None = None
         self._active = False
         self.source: IOPubSource = link.iopub(self)
@@ -155,9 +166,10 @@ class KernelTap:
         self.epoch = sum(1 for mark in marks if mark.message.execution_state == "restarting")
         self.broker.open_kernel(self.kernel_id, self.sequencer.head)
         self.store.kernel_started(self.kernel_id, time.time())
-        gap = self.manager.pending_gaps.pop(self.kernel_id, None)
-        if gap is not None:  # re-attached after the gateway's restart: output went unseen
-            self.record_gap(gap, None)
+        # Re-attached after the gateway's restart: the kernel printed unseen meanwhile. A
+        # kernel of the gateway's launcher held that output and says so first (its spool
+        # notice); for any other, the first message it sends comes after a gap.
+        self._restart_gap = self.manager.pending_gaps.pop(self.kernel_id, None)
         self._connected_at = time.monotonic()
         self.source.start()
         self.kernel_manager.add_restart_callback(self._on_auto_restart, "restart")
@@ -190,12 +202,24 @@ class KernelTap:
             if lost != 0:
                 self.record_gap(reason, lost)
             self._record(
-                lifecycle_request("reachable", reason, msg_id=str(uuid.uuid4()), date=now_iso())
+                lifecycle_request(
+                    "reachable",
+                    reason,
+                    msg_id=str(uuid.uuid4()),
+                    date=now_iso(),
+                    session=self._kernel_session(),
+                )
             )
             self.kernel_manager.execution_state = "idle"
         else:
             self._record(
-                lifecycle_request("unreachable", reason, msg_id=str(uuid.uuid4()), date=now_iso())
+                lifecycle_request(
+                    "unreachable",
+                    reason,
+                    msg_id=str(uuid.uuid4()),
+                    date=now_iso(),
+                    session=self._kernel_session(),
+                )
             )
             self.kernel_manager.execution_state = "unreachable"
 
@@ -203,12 +227,53 @@ class KernelTap:
         """One gap record: the source missed ``lost`` messages here (``None``: an unknown
         number) that no transcript can have."""
         seq = self.sequencer.head + 1
-        self._record(gap_message(seq, seq, reason, date=now_iso(), lost=lost))
+        self._record(
+            gap_message(seq, seq, reason, date=now_iso(), lost=lost, session=self._kernel_session())
+        )
+
+    def record_request(self, msg_id: str, cell_id: str) -> None:
+        """Execute request ``msg_id``, about to be sent, runs notebook cell ``cell_id``
+        (see :func:`.core.marks.request_mark`)."""
+        if self._closed:
+            return
+        self._record(
+            request_mark(
+                msg_id,
+                cell_id,
+                mark_id=f"request-{uuid.uuid4()}",
+                date=now_iso(),
+                session=self._kernel_session(),
+            )
+        )
 
     def record_message(self, message: KernelMessage) -> None:
-        """Record a message that did not come on IOPub (an ``input_request`` for one of the
-        gateway's own executions): it gets the next seq, like any other."""
+        """Record a message from the kernel's IOPub (or one that did not come on IOPub, an
+        ``input_request`` for one of the gateway's own executions): the next seq."""
+        if message.msg_type == SPOOL_MSG_TYPE:
+            self._spool_notice(message)
+            return
+        if self._restart_gap is not None and message.msg_type != "iopub_welcome":
+            reason, self._restart_gap = self._restart_gap, None
+            self.record_gap(reason, None)
         self._record(message)
+
+    def _spool_notice(self, message: KernelMessage) -> None:
+        """The kernel held its IOPub while nobody listened and publishes it now: what it
+        had to drop is a gap of that size; nothing dropped, no gap."""
+        content = message.content()
+        held, dropped = content.get("held"), content.get("dropped")
+        held = held if isinstance(held, int) and held >= 0 else 0
+        dropped = dropped if isinstance(dropped, int) and dropped >= 0 else None
+        reason, self._restart_gap = self._restart_gap, None
+        if reason is not None or held:
+            self.log.info(
+                "Kernel %s held %d IOPub messages while unwatched (%s dropped)",
+                self.kernel_id,
+                held,
+                "none" if dropped == 0 else dropped,
+            )
+        if dropped != 0:
+            self.record_gap(reason or "kernel_hold_full", dropped)
 
     def _record(self, message: KernelMessage) -> None:
         self.received += 1
@@ -266,14 +331,15 @@ class KernelTap:
 
     def _kernel_session(self) -> str:
         """The session of the kernel's last message (the life a mark closes), else the
-        Tap's own."""
+        Tap's own. Marks carry it too (a mark from the store may carry none)."""
         last = self._last
-        if last is not None and not last.msg_type.startswith("kernel_gateway_stream"):
+        if last is not None and last is not self._session_read_from:
+            self._session_read_from = last
             with contextlib.suppress(Exception):
                 session = last.header().get("session")
                 if isinstance(session, str) and session:
-                    return session
-        return self.session_id
+                    self._known_session = session
+        return self._known_session or self.session_id
 
     def _drain(self) -> None:
         """Record whatever IOPub messages have already arrived."""
@@ -304,7 +370,15 @@ class KernelTap:
             return
         self._drain()
         event = f"{what}_requested" if what in ("shutdown", "detach") else what
-        self._record(lifecycle_request(event, what, msg_id=str(uuid.uuid4()), date=now_iso()))
+        self._record(
+            lifecycle_request(
+                event,
+                what,
+                msg_id=str(uuid.uuid4()),
+                date=now_iso(),
+                session=self._kernel_session(),
+            )
+        )
 
     def restarted(self) -> None:
         """A restart asked for through the API has completed: the old kernel is gone."""
@@ -318,14 +392,19 @@ class KernelTap:
         self._closed = True
         self.source.stop()
 
-    def close(self) -> None:
+    def close(self, reason: str | None = None) -> None:
         """Stop tapping: the kernel shut down (or was detached: it runs on, without the
-        gateway). Records that it did (a ``dead`` status, reason ``shutdown`` or
-        ``detached``: executions still running end ``died``)."""
+        gateway; or is gone, ``reason`` says why). Records that it did (a ``dead`` status,
+        reason ``shutdown``, ``detached`` or ``reason``: executions still running end
+        ``died``)."""
         if self._closed:
             return
+        self._drain()
+        if self._restart_gap is not None:  # it never spoke again: what it printed is lost
+            reason, self._restart_gap = self._restart_gap, None
+            self.record_gap(reason, None)
         leaving = getattr(self.kernel_manager, "leaving", "shutdown")
-        self.record_mark("dead", "detached" if leaving == "detach" else "shutdown")
+        self.record_mark("dead", reason or ("detached" if leaving == "detach" else "shutdown"))
         self._closed = True
         self.source.stop()
         for callback, event in ((self._on_auto_restart, "restart"), (self._on_dead, "dead")):
@@ -357,6 +436,7 @@ def describe_link(kernel: Any) -> dict[str, Any] | None:
     spec = getattr(kernel, "kernel_spec", None)
     provisioner = getattr(kernel, "provisioner", None)
     pid = getattr(provisioner, "pid", None)
+    network = getattr(provisioner, "network", None)  # netns-provisioner's KernelNetwork
     return {
         "kernel_name": kernel.kernel_name,
         "attachment": {
@@ -366,6 +446,7 @@ def describe_link(kernel: Any) -> dict[str, Any] | None:
             "owned": True,
             "pid": pid if isinstance(pid, int) else None,
             "source": "recovered",
+            "network": None if network is None else network.as_dict(),
         },
     }
 
@@ -447,6 +528,15 @@ class TapManager(LoggingConfigurable):
     )
     upstream_retry_max = Float(
         30.0, config=True, help="Most seconds between two attempts to reconnect upstream."
+    )
+    upstream_kernel_gone_after = Float(
+        30.0,
+        config=True,
+        help="Seconds an upstream gateway that answers must keep saying that a kernel does not "
+        "exist (HTTP 404: a jupyter_server restarted, which keeps no kernels) before the "
+        "kernel is recorded dead (reason upstream_kernel_gone; its executions end died) and "
+        "leaves the kernel list. Meanwhile it shows as unreachable. The grace is for an "
+        "upstream that re-attaches its kernels just after it starts answering.",
     )
     reconcile_interval = Float(
         5.0,
@@ -543,8 +633,18 @@ class TapManager(LoggingConfigurable):
         heartbeat when the gateway cannot watch the kernel's process
         (``kernel.watch_heartbeat``)."""
         if isinstance(kernel, GatewayKernelManager):
-            settings = UpstreamSettings(self.upstream_retry_initial, self.upstream_retry_max)
-            return UpstreamKernelLink(kernel_id, GatewayClient.instance(), settings, self.log)
+            settings = UpstreamSettings(
+                self.upstream_retry_initial,
+                self.upstream_retry_max,
+                gone_after=self.upstream_kernel_gone_after,
+            )
+            return UpstreamKernelLink(
+                kernel_id,
+                GatewayClient.instance(),
+                settings,
+                self.log,
+                on_gone=lambda reason: self.kernel_gone(kernel_id, reason),
+            )
         session = kernel.session
         zmq_link = self.sockets.link(
             kernel_id,
@@ -597,15 +697,28 @@ class TapManager(LoggingConfigurable):
         if link is not None:
             self.store.save_link(kernel_id, link)
 
-    def close_tap(self, kernel_id: str) -> None:
+    def close_tap(self, kernel_id: str, reason: str | None = None) -> None:
         tap = self.taps.pop(kernel_id, None)
         if tap is None:
             return
         self.store.save_link(kernel_id, None)
-        tap.close()
+        tap.close(reason)
         self.log.info("Stopped tapping kernel %s at seq %s", kernel_id, tap.head)
         for callback in self._on_close:
             callback(kernel_id, tap.head)
+
+    def kernel_gone(self, kernel_id: str, reason: str) -> None:
+        """The kernel no longer exists where it ran (its upstream gateway restarted without
+        it): what it printed since it was last heard is a gap of unknown size, it is
+        recorded ``dead`` with ``reason`` (its executions end ``died``), and it leaves the
+        kernel manager, as a kernel that was shut down."""
+        tap = self.taps.get(kernel_id)
+        if tap is not None and not tap.closed:
+            tap.record_gap(reason, None)
+        with contextlib.suppress(KeyError):
+            self.kernel_manager.remove_kernel(kernel_id)
+        self.close_tap(kernel_id, reason)
+        self.log.warning("Kernel %s is gone (%s): removed", kernel_id, reason)
 
     async def on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
         """jupyter_events listener for jupyter_server's kernel_actions events."""

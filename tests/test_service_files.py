@@ -43,6 +43,8 @@ def test_the_unit_hardens_the_service_as_operators_expect() -> None:
     assert settings["ProtectSystem"] == ["strict"]
     assert settings["NoNewPrivileges"] == ["true"]
     assert settings["PrivateTmp"] == ["true"]
+    # Kernels outlive the daemon: systemd must not kill them when it dies.
+    assert settings["KillMode"] == ["process"]
     executable = settings["ExecStart"][0].split()[0]
     assert executable.startswith("/"), "ExecStart by absolute path, not through PATH"
     # The install steps in the unit's header put the command exactly there.

@@ -49,6 +49,12 @@ class Broker(LoggingConfigurable, metaclass=_BrokerMeta):  # type: ignore[metacl
         every record up to ``H`` is readable from the store."""
 
     @abstractmethod
+    def cut(self, kernel_id: str) -> int:
+        """Send what is pending for ``kernel_id`` now and return the head ``H``: every
+        later frame lies wholly above ``H`` (a reader of the store up to ``H`` can then
+        apply live frames above it with no overlap). 0 for a kernel not open here."""
+
+    @abstractmethod
     def detach(self, kernel_id: str, subscriber: Subscriber) -> None:
         """Called by :meth:`Subscriber.close`."""
 

@@ -99,6 +99,15 @@ class MemoryBroker(Broker):
         topic.subscribers[subscriber] = None
         return topic.head
 
+    def cut(self, kernel_id: str) -> int:
+        topic = self._topics.get(kernel_id)
+        if topic is None:
+            return 0
+        pending = topic.coalescer.flush()
+        if pending:
+            self._fan_out(topic, pending, asyncio.get_running_loop().time())
+        return topic.head
+
     def detach(self, kernel_id: str, subscriber: Subscriber) -> None:
         topic = self._topics.get(kernel_id)
         if topic is not None:

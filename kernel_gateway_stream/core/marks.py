@@ -25,8 +25,14 @@ so that readers learn what no kernel can tell them:
   invariant 1: a number a client may have seen is never reused; what could not be
   recorded is an explicit gap, never a silent hole.
 
-Both pass every reader's filters (a reader of one execution must learn that it will never
-finish, or that part of it is missing).
+* **Request marks** (``kernel_gateway_stream_request``): ``{"msg_id", "cell_id"}``,
+  recorded when a client's ``execute_request`` names the notebook cell it runs
+  (``metadata.cellId``, as JupyterLab sends it), before the kernel sees the request. A
+  page reloaded later finds each cell's executions by them (:mod:`.outputs`). They have no
+  parent: no execution's reader sees them as its output.
+
+Lifecycle marks and gap records pass every reader's filters (a reader of one execution
+must learn that it will never finish, or that part of it is missing).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ __all__ = [
     "GAP_MSG_TYPE",
     "LIFECYCLE_MSG_TYPE",
     "LIFECYCLE_STATES",
+    "MAX_CELL_ID",
+    "REQUEST_MSG_TYPE",
+    "SPOOL_MSG_TYPE",
     "gap_message",
     "gap_record",
     "is_mark",
@@ -46,6 +55,7 @@ __all__ = [
     "lifecycle_request",
     "lifecycle_status",
     "mark_reason",
+    "request_mark",
 ]
 
 #: Statuses the gateway records when a kernel restarts, dies or is shut down.
@@ -53,6 +63,13 @@ LIFECYCLE_STATES = frozenset({"restarting", "dead"})
 
 GAP_MSG_TYPE = "kernel_gateway_stream_gap"
 LIFECYCLE_MSG_TYPE = "kernel_gateway_stream_lifecycle"
+REQUEST_MSG_TYPE = "kernel_gateway_stream_request"
+#: What a kernel started by the gateway's launcher publishes before the IOPub messages it
+#: held while nobody listened: ``{"held", "dropped"}`` (see :mod:`..kernel_launcher`). The
+#: Tap reads it and does not record it.
+SPOOL_MSG_TYPE = "kernel_gateway_stream_spool"
+#: Longest cell id recorded (JupyterLab's are UUIDs; nbformat allows up to 64 characters).
+MAX_CELL_ID = 256
 
 
 def lifecycle_status(
@@ -78,19 +95,43 @@ def lifecycle_status(
     )
 
 
-def lifecycle_request(event: str, reason: str, *, msg_id: str, date: str) -> KernelMessage:
-    """A note that a restart or shutdown of the kernel was asked for (``event``)."""
+def lifecycle_request(
+    event: str, reason: str, *, msg_id: str, date: str, session: str = ""
+) -> KernelMessage:
+    """A note that a restart or shutdown of the kernel was asked for (``event``).
+
+    ``session``, as for every mark the Tap writes, is the kernel's current session:
+    JupyterLab drops messages it has queued when one arrives with another session."""
     return KernelMessage.synthesize(
         LIFECYCLE_MSG_TYPE,
         {"event": event, "reason": reason},
         msg_id=msg_id,
         date=date,
-        session="",
+        session=session,
+    )
+
+
+def request_mark(
+    msg_id: str, cell_id: str, *, mark_id: str, date: str, session: str
+) -> KernelMessage:
+    """A note that execute_request ``msg_id`` runs notebook cell ``cell_id``."""
+    return KernelMessage.synthesize(
+        REQUEST_MSG_TYPE,
+        {"msg_id": msg_id, "cell_id": cell_id},
+        msg_id=mark_id,
+        date=date,
+        session=session,
     )
 
 
 def gap_message(
-    first_seq: int, last_seq: int, reason: str, *, date: str, lost: int | None = -1
+    first_seq: int,
+    last_seq: int,
+    reason: str,
+    *,
+    date: str,
+    lost: int | None = -1,
+    session: str = "",
 ) -> KernelMessage:
     """The message of a gap record covering ``first_seq..last_seq`` (inclusive).
 
@@ -108,7 +149,7 @@ def gap_message(
         content,
         msg_id=f"gap-{first_seq}-{last_seq}",
         date=date,
-        session="",
+        session=session,
     )
 
 

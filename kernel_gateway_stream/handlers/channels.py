@@ -42,6 +42,7 @@ from ..core.endings import Ending, malformed
 from ..core.errors import LocalError, MalformedMessage, SequenceAhead, UnknownKernel
 from ..core.frames import Frame
 from ..core.messages import Signer
+from ..core.outputs import cell_request
 from ..core.wire import Protocol, decode_incoming
 from ..kernels.base import KernelChannels
 from .common import KERNEL_ACTION, SETTINGS_KEY, Services, discarded_notice, parse_seq
@@ -242,6 +243,12 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             return
         assert self.kernel_session is not None
         self.kernel_session.open(self.session.bsession)
+        if message.msg_type == "execute_request" and message.channel == "shell":
+            cell = cell_request(message.parts)
+            if cell is not None:
+                # Recorded before the kernel can answer: a page reloaded later finds the
+                # cell's output by it (``GET .../cells``).
+                self.tap.record_request(*cell)
         if self._gate_open() and not self._held:
             self._send(message.channel, message.parts)
             return
@@ -359,7 +366,7 @@ class ChannelsHandler(KernelWebsocketHandler):
             raise web.HTTPError(403)
         try:
             self.since = parse_seq("since", self.get_argument("since", None))
-            if kernel_id not in self.kernel_manager:
+            if not await services.known(kernel_id, self.kernel_manager):
                 raise UnknownKernel(kernel_id)
             tap = await services.taps.ensure(kernel_id)
             if self.since is not None and self.since > tap.head:

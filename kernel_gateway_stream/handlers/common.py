@@ -9,6 +9,7 @@ transcript, the execute API); the health endpoint is ``read`` on ``api``, like
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -88,6 +89,23 @@ class Services:
     merges: SharedMerges = field(default_factory=SharedMerges)
     #: Requests and frames refused as bad input, by reason (for metrics).
     refused: dict[str, int] = field(default_factory=dict)
+    #: Set while the kernels an earlier run of the gateway left are being re-attached.
+    recovering: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set once they are.
+    recovered: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Longest a request for a kernel not known yet waits for that re-attachment.
+    recovery_wait: float = 30.0
+
+    async def known(self, kernel_id: str, kernel_manager: Any) -> bool:
+        """Whether ``kernel_id`` is a kernel of the gateway's; while the kernels an earlier
+        run left are being re-attached (just after a restart), an unknown one is waited
+        for, so a client reconnecting at once does not hear that its kernel is gone."""
+        if kernel_id in kernel_manager:
+            return True
+        if self.recovering.is_set() and not self.recovered.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.recovered.wait(), self.recovery_wait)
+        return kernel_id in kernel_manager
 
     def count_refused(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1

@@ -123,6 +123,7 @@ class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc
     @web.authenticated
     @requires("read")
     async def get(self, kernel_id: str) -> None:  # type: ignore[override]
+        await self.services.known(kernel_id, self.kernel_manager)
         model = tap_model(self, kernel_id)
         if model is None:
             model = await ensure_async(self.kernel_manager.kernel_model(kernel_id))

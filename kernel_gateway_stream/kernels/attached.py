@@ -34,7 +34,13 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 
 from .local import StreamKernelManager
 
-__all__ = ["AttachedKernelManager", "AttachedProvisioner", "Attachment", "process_is"]
+__all__ = [
+    "AttachedKernelManager",
+    "AttachedProvisioner",
+    "Attachment",
+    "delete_owned_network",
+    "process_is",
+]
 
 
 class Attachment:
@@ -49,6 +55,7 @@ class Attachment:
         owned: bool = False,
         pid: int | None = None,
         source: str = "api",
+        network: dict[str, str] | None = None,
     ) -> None:
         #: Checked connection info (:func:`..core.connection.check_connection_info`).
         self.connection_info = connection_info
@@ -60,6 +67,9 @@ class Attachment:
         self.pid = pid
         #: ``api``, ``directory`` or ``recovered``: where the attachment came from.
         self.source = source
+        #: The network namespace the gateway made for the kernel (netns-provisioner), to
+        #: delete when the kernel is shut down.
+        self.network = network
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +79,7 @@ class Attachment:
             "owned": self.owned,
             "pid": self.pid,
             "source": self.source,
+            "network": self.network,
         }
 
     @classmethod
@@ -80,7 +91,25 @@ class Attachment:
             owned=bool(data.get("owned")),
             pid=data.get("pid"),
             source=data.get("source", "api"),
+            network=data.get("network"),
         )
+
+
+async def delete_owned_network(attachment: Attachment, log: Any) -> None:
+    """Delete the network namespace the gateway made for a kernel it started (in an earlier
+    run), once that kernel is gone."""
+    if not attachment.owned or not attachment.network:
+        return
+    from .netns import KernelNetwork, delete_network
+
+    network = KernelNetwork.from_dict(attachment.network)
+    try:
+        await asyncio.to_thread(delete_network, network)
+    except Exception as error:  # the host's ip command failed: said, not raised
+        log.warning("Could not delete network namespace %s: %s", network.namespace, error)
+        return
+    attachment.network = None
+    log.info("Deleted network namespace %s", network.namespace)
 
 
 def process_is(pid: int, kernel_id: str) -> bool:
@@ -227,6 +256,7 @@ class AttachedKernelManager(StreamKernelManager):
             # The file the gateway wrote when it started the kernel, in an earlier run.
             with contextlib.suppress(OSError):
                 os.remove(self.connection_file)
+            await delete_owned_network(self.attachment, self.log)
 
     async def _async_request_shutdown(self, restart: bool = False) -> None:
         if self.stop_on_shutdown:

@@ -29,7 +29,8 @@ from traitlets.config import LoggingConfigurable
 
 from ..core.connection import check_connection_info
 from ..core.errors import InvalidConnectionInfo, KernelExists, KernelNotAnswering, LocalError
-from .attached import Attachment, process_is
+from .attached import Attachment, delete_owned_network, process_is
+from .local import StreamMappingKernelManager
 from .zmq_kernel import KernelSockets
 
 __all__ = ["KernelAttacher", "kernel_id_of_file"]
@@ -89,6 +90,7 @@ class KernelAttacher(LoggingConfigurable):
         owned: bool = False,
         pid: int | None = None,
         language: str | None = None,
+        network: dict[str, str] | None = None,
     ) -> str:
         """Attach the kernel at ``info``; its kernel id. ``language`` given: the kernel is
         known (re-attached after a restart of the gateway) and is not asked for its info.
@@ -123,6 +125,7 @@ class KernelAttacher(LoggingConfigurable):
             owned=owned,
             pid=pid,
             source=source,
+            network=network,
         )
         attached: str = await self.kernel_manager.start_kernel(
             kernel_name=kernel_name or "attached", kernel_id=kernel_id, attachment=attachment
@@ -144,6 +147,17 @@ class KernelAttacher(LoggingConfigurable):
         runs on this host is killed: it no longer answers, and nobody else knows it)."""
         if not links:
             return
+        if not isinstance(self.kernel_manager, StreamMappingKernelManager):
+            # jupyter_server's own kernel manager cannot re-attach a kernel (and its kernels
+            # die with the server): leave them be, and forget them.
+            self.log.info(
+                "Not re-attaching %d kernels of an earlier run: the kernel manager is not "
+                "kernel_gateway_stream.kernels.StreamMappingKernelManager",
+                len(links),
+            )
+            for kernel_id in links:
+                store.save_link(kernel_id, None)
+            return
         answers = await asyncio.gather(
             *(self._recover_one(kernel_id, link, taps) for kernel_id, link in links.items())
         )
@@ -158,6 +172,9 @@ class KernelAttacher(LoggingConfigurable):
                 store.save_link(kernel_id, None)
                 store.kernel_ended(kernel_id, time.time())
                 self._reap(kernel_id, link)
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    attachment = Attachment.from_json(link["attachment"])
+                    await delete_owned_network(attachment, self.log)
 
     async def _recover_one(self, kernel_id: str, link: dict[str, Any], taps: Any) -> bool:
         try:
@@ -177,6 +194,7 @@ class KernelAttacher(LoggingConfigurable):
                 owned=attachment.owned,
                 pid=attachment.pid,
                 language=attachment.language,
+                network=attachment.network,
             )
         except (KeyError, TypeError, LocalError) as error:
             taps.pending_gaps.pop(kernel_id, None)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from jupyter_core.utils import ensure_async
+from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import (
     AsyncMappingKernelManager,
     ServerKernelManager,
@@ -180,6 +181,16 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
         super().__init__(**kwargs)
         self._shutdowns: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
+
+    def start_watching_activity(self, kernel_id: str) -> None:
+        """What jupyter_server's does, without its IOPub socket: the kernel's Tap reads the
+        one IOPub socket the gateway opens and keeps ``last_activity`` and
+        ``execution_state`` from it. A second subscriber would also take what a kernel of
+        the gateway's launcher held while nobody listened (see :mod:`..kernel_launcher`),
+        and lose it when it closes."""
+        kernel = self._kernels[kernel_id]
+        kernel.reason = ""
+        kernel.last_activity = utcnow()
 
     def pre_start_kernel(self, kernel_name: str | None, kwargs: Any) -> tuple[Any, str, str]:
         """jupyter_client's, and for a start that names an ``attachment`` (a kernel reached

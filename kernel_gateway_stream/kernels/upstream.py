@@ -16,7 +16,12 @@ them there. This module gives such a kernel the two seams of :mod:`.base`:
   ``?since=`` its own last seq and so misses nothing (what that upstream could not record
   itself, its gap records, become gap records here). The upstream's seq is kept in the
   record's metadata under ``kernel_gateway_stream_upstream`` (ours is
-  ``kernel_gateway_stream``).
+  ``kernel_gateway_stream``). An upstream that answers but says the kernel does not exist
+  (HTTP 404 on its channels and on its model: a jupyter_server restarted, which keeps no
+  kernels, or a kernel culled or shut down there) for ``gone_after`` seconds has lost it
+  for good: the link's ``on_gone`` is told (the gateway records the kernel dead and
+  forgets it). The grace is for an upstream that re-attaches its kernels just after it
+  starts answering (a kernel_gateway_stream, Enterprise Gateway's session persistence).
 * :class:`UpstreamChannels`: per client connection, a WebSocket of its own to the upstream
   with the client's session id, so replies and ``input_request`` reach the client that
   asked; its IOPub copy is dropped (the Tap has it).
@@ -29,12 +34,14 @@ import datetime
 import json
 import logging
 import random
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from tornado.httpclient import HTTPRequest
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from ..core.errors import MalformedMessage, RemoteError
@@ -64,12 +71,14 @@ MAX_HELD = 1000
 @dataclass(frozen=True)
 class UpstreamSettings:
     """Reconnection of upstream WebSockets: the first retry after ``retry_initial``
-    seconds, doubling up to ``retry_max``, each with jitter (half to one and a half)."""
+    seconds, doubling up to ``retry_max``, each with jitter (half to one and a half). A
+    kernel the upstream says it does not have for ``gone_after`` seconds is gone."""
 
     retry_initial: float = 0.5
     retry_max: float = 30.0
     connect_timeout: float = 20.0
     max_message_bytes: int = 256 * 1024 * 1024
+    gone_after: float = 30.0
 
 
 def decode_upstream(data: bytes | str, v1: bool) -> tuple[str, list[bytes]]:
@@ -142,11 +151,15 @@ class UpstreamKernelLink:
         gateway_client: Any,
         settings: UpstreamSettings,
         log: logging.Logger | logging.LoggerAdapter[Any],
+        on_gone: Callable[[str], None] | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         self.gateway_client = gateway_client
         self.settings = settings
         self.log = log
+        #: ``on_gone(reason)``: the upstream no longer has the kernel (see the module
+        #: docstring); None: keep retrying.
+        self.on_gone = on_gone
         #: Nothing is signed over a WebSocket: an empty key turns signing off.
         self.signer = Signer(b"")
 
@@ -171,6 +184,25 @@ class UpstreamKernelLink:
             max_message_size=self.settings.max_message_bytes,
         )
         return Connection(socket, socket.selected_subprotocol == V1_SUBPROTOCOL)
+
+    async def exists(self) -> bool | None:
+        """Whether the upstream has the kernel: False if it answers 404 for the kernel's
+        model, True if it answers the model, None if it does not answer (or answers
+        anything else)."""
+        client = self.gateway_client
+        base = (client.url or "").rstrip("/")
+        endpoint = client.kernels_endpoint.strip("/")
+        arguments = client.load_connection_args()
+        arguments["connect_timeout"] = self.settings.connect_timeout
+        arguments["request_timeout"] = self.settings.connect_timeout
+        request = HTTPRequest(f"{base}/{endpoint}/{quote(self.kernel_id)}", **arguments)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except Exception:  # refused, timed out, TLS...: no answer
+            return None
+        if response.code == 404:
+            return False
+        return True if response.code == 200 else None
 
     def iopub(self, sink: IOPubSink) -> UpstreamIOPubSource:
         return UpstreamIOPubSource(self, sink)
@@ -208,6 +240,8 @@ class UpstreamIOPubSource:
         #: is not one, or said nothing yet).
         self.upstream_seq: int | None = None
         self.reconnects = 0
+        #: Since when (monotonic) the upstream has said it does not have the kernel.
+        self._missing_since: float | None = None
         self._session_id = f"kernel_gateway_stream-tap-{uuid.uuid4().hex}"
         self._connection: Connection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -227,10 +261,13 @@ class UpstreamIOPubSource:
                 if self._stopped:
                     return
                 self._unreachable(f"{type(error).__name__}: {error}")
+                if await self._gone(error):
+                    return
                 await asyncio.sleep(_backoff(self.link.settings, attempt))
                 attempt += 1
                 continue
             attempt = 0
+            self._missing_since = None
             self._connection = connection
             if connected_before:
                 self.reconnects += 1
@@ -254,6 +291,37 @@ class UpstreamIOPubSource:
             self.reachable = False
             self.log.warning("Upstream kernel %s is unreachable: %s", self.link.kernel_id, why)
             self.sink.link_changed(False, "upstream_unreachable", None)
+
+    async def _gone(self, error: Exception) -> bool:
+        """True once the upstream has said for ``gone_after`` seconds that the kernel does
+        not exist (404 on its channels, then on its model) and ``on_gone`` was told, or
+        once the source was stopped meanwhile."""
+        on_gone = self.link.on_gone
+        if on_gone is None or not (isinstance(error, HTTPClientError) and error.code == 404):
+            self._missing_since = None
+            return False
+        exists = await self.link.exists()
+        if self._stopped:
+            return True
+        if exists is not False:  # it has the kernel after all, or does not answer
+            self._missing_since = None
+            return False
+        now = time.monotonic()
+        if self._missing_since is None:
+            self._missing_since = now
+            self.log.warning(
+                "The upstream says kernel %s does not exist: gone if it still says so in %ss",
+                self.link.kernel_id,
+                self.link.settings.gone_after,
+            )
+        if now - self._missing_since < self.link.settings.gone_after:
+            return False
+        self.log.warning(
+            "Upstream kernel %s is gone: the upstream has it no more", self.link.kernel_id
+        )
+        self._stopped = True
+        on_gone("upstream_kernel_gone")
+        return True
 
     def _nudge(self, connection: Connection) -> None:
         """A kernel_info_request: its status messages prove the IOPub path live."""

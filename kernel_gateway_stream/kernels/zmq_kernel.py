@@ -49,6 +49,7 @@ from zmq.eventloop.zmqstream import ZMQStream
 
 from ..core.errors import BadSignature, InvalidMessage, RemoteError
 from ..core.guards import DigestHistory
+from ..core.marks import LIFECYCLE_STATES, SPOOL_MSG_TYPE
 from ..core.messages import (
     DELIMITER,
     KernelMessage,
@@ -69,6 +70,10 @@ __all__ = [
     "channel_url",
     "decode_signed",
 ]
+
+#: What a drain (before a mark, at a stop) reads at most of what has already arrived.
+DRAIN_MAX_MESSAGES = 50_000
+DRAIN_MAX_BYTES = 32 * 1024 * 1024
 
 CHANNELS = ("shell", "control", "stdin")
 
@@ -462,6 +467,10 @@ class ZmqIOPubSource:
                 return
             try:
                 message = KernelMessage.from_parts(rest[1:], repair=True)
+                if _forges_a_mark(message):
+                    self.rejected += 1
+                    self._refused(f"a message only the gateway writes ({message.msg_type})")
+                    return
             except RemoteError as error:
                 self.invalid += 1
                 invalid = InvalidMessage(str(error), rest[0], rest[1:])
@@ -489,7 +498,9 @@ class ZmqIOPubSource:
             )
 
     def drain(self) -> None:
-        self._read(None, None)
+        # Bounded: a kernel that floods on (a firehose at a stop) would otherwise keep the
+        # loop reading for ever, and a stop would never end.
+        self._read(DRAIN_MAX_MESSAGES, DRAIN_MAX_BYTES)
 
     async def _ping(self, heartbeat: HeartbeatSettings) -> None:
         """Ping the kernel's heartbeat port; tell the sink when it stops and starts echoing."""
@@ -565,6 +576,17 @@ class ZmqIOPubSource:
             self._pinger.cancel()
             self._pinger = None
         self._disconnect()
+
+
+def _forges_a_mark(message: KernelMessage) -> bool:
+    """True for what only the gateway writes into a transcript (its marks, a kernel's
+    restart or death): code in the kernel has its key and could sign one, to end other
+    executions, hide output in a notebook cell or forge a gap. The spool notice of the
+    gateway's own launcher is the exception (see :mod:`..kernel_launcher`)."""
+    msg_type = message.msg_type
+    if msg_type.startswith("kernel_gateway_stream"):
+        return msg_type != SPOOL_MSG_TYPE
+    return msg_type == "status" and message.execution_state in LIFECYCLE_STATES
 
 
 def _now_iso() -> str:

@@ -392,6 +392,13 @@
       if (!page.records.length) break;
       since = page.next_since;
     }
+    // An execution that did not end in this page of earlier output goes on in the next:
+    // it is not running (the part below says how it ended).
+    for (const execution of earlier.executions.values()) {
+      if (!execution.status.classList.contains("running")) continue;
+      execution.status.className = "status continued";
+      execution.status.textContent = "continues below";
+    }
     firstShown = from;
     $("earlier").hidden = from === 0;
   }

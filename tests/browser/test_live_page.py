@@ -254,3 +254,81 @@ async def test_an_unauthenticated_visit_is_refused(daemon: Daemon) -> None:
     assert "script-src 'self'" in policy
     assert "default-src 'none'" in policy
     await asyncio.sleep(0)
+
+
+async def finished(daemon: Daemon, kernel_id: str, msg_id: str) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds(60)
+    path = f"/api/kernels/{kernel_id}/executions/{msg_id}"
+    while (await daemon.fetch(path))["status"] in ("queued", "running"):
+        assert asyncio.get_running_loop().time() < deadline, f"{msg_id} did not finish"
+        await asyncio.sleep(0.1)
+
+
+async def shown_outputs(page: Any) -> str:
+    """The executions' outputs, without their code."""
+    texts: list[str] = await page.eval_on_selector_all(
+        ".execution .outputs", "nodes => nodes.map(node => node.innerText)"
+    )
+    return "\n".join(texts)
+
+
+# One record each (a stream's prints may be merged by the kernel: display_data never are).
+MANY = """
+from IPython.display import display
+for i in range(6000):
+    display({"text/plain": f"early {i}"}, raw=True)
+"""
+DISPLAYS = """
+from IPython.display import display
+handle = display("first value", display_id=True)
+handle.update("second value")
+"""
+
+
+async def test_earlier_output_on_demand_and_display_updates(daemon: Daemon) -> None:
+    """A kernel whose transcript is longer than the page replays when it opens (5,000
+    records): the earliest lines are not shown until "Show earlier output" is clicked,
+    then they are, once and in order before the rest. A display updated by its
+    ``display_id`` shows its last value only, also when it is updated from a later cell."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    daemon.start()
+    await daemon.wait_ready()
+    kernel_id = await daemon.start_kernel()
+    await finished(daemon, kernel_id, await execute(daemon, kernel_id, MANY))
+    await finished(daemon, kernel_id, await execute(daemon, kernel_id, DISPLAYS))
+    async with chromium() as browser:
+        page = await browser.new_page(viewport={"width": 1200, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        await open_kernel(page, daemon, kernel_id)
+        await until(page, lambda text: "second value" in text, "the updated display")
+        text = await outputs_text(page)
+        assert "first value" not in await shown_outputs(page), "updated in place"
+        assert "early 5999" in text
+        assert "early 0\n" not in text + "\n", "the page opened on the last records only"
+        assert await page.is_visible("#earlier")
+        await execute(daemon, kernel_id, "handle.update('third value')")
+        deadline = asyncio.get_running_loop().time() + seconds(30)
+        while "third value" not in (outputs := await shown_outputs(page)):
+            assert asyncio.get_running_loop().time() < deadline, "an update from a later cell"
+            await asyncio.sleep(0.1)
+        assert "second value" not in outputs
+
+        await page.click("#earlier")
+        # The button goes once every page of earlier output is shown (polled from here:
+        # the page's Content-Security-Policy refuses evaluated strings).
+        deadline = asyncio.get_running_loop().time() + seconds(30)
+        while await page.is_visible("#earlier"):
+            assert asyncio.get_running_loop().time() < deadline, "the earlier output"
+            await asyncio.sleep(0.1)
+        earlier = await page.inner_text("#earlier-output")
+        # The first part of an execution that goes on below is not shown as running.
+        assert await page.inner_text("#earlier-output .status") == "continues below"
+        everything = [
+            int(line.split()[1])
+            for line in (earlier + "\n" + await outputs_text(page)).splitlines()
+            if line.startswith("early ")
+        ]
+        assert everything == list(range(6000)), "every line once, in order"
+        await page.screenshot(path=str(ARTIFACTS / "live-page-earlier.png"))
+        assert not errors, errors

@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from pathlib import Path
 
 import pytest
+
+from benchmarks.firehose import install_kernelspec
 
 from ..integration.daemon import Daemon
 from ..integration.sseclient import SSEReader
@@ -67,3 +70,23 @@ async def test_every_client_learns_why_and_where_to_resume(
     assert gaps["records"] == [], "a graceful stop leaves no gap"
     assert msg_id
     reader.close()
+
+
+async def test_a_stop_during_a_firehose_ends_by_itself(daemon: Daemon, tmp_path: Path) -> None:
+    """SIGTERM while a kernel floods at full speed: the stop reads what had arrived, within
+    a bound, and ends (it read for ever while the kernel kept sending: the process never
+    exited and was killed)."""
+    install_kernelspec(tmp_path)
+    daemon.start(env={"JUPYTER_PATH": str(tmp_path)})
+    await daemon.wait_ready()
+    kernel_id = await daemon.start_kernel("firehose")
+    runner = await daemon.channels(kernel_id, protocol="v1")
+    runner.execute("5000000 200")
+    await runner.until_lines(20000)
+    assert daemon.process is not None
+    daemon.process.send_signal(signal.SIGTERM)
+    try:
+        code = daemon.process.wait(seconds(25))
+    finally:
+        runner.close()
+    assert code == 0, daemon.log_text()[-3000:]

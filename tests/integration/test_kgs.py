@@ -197,3 +197,27 @@ def test_a_second_ctrl_c_stops_waiting_for_the_interrupt(daemon: Daemon) -> None
     assert stopped_quietly(running) == (130, "", [])
     with SyncGatewayClient(daemon.url, TOKEN) as client:
         assert client.list_kernels() == []
+
+
+def test_follow_says_where_the_kernel_restarted_and_keeps_following(daemon: Daemon) -> None:
+    """A restart is an epoch boundary on every surface: ``kgs follow`` says on stderr
+    where the kernel's new life begins, between the old life's output and the new."""
+    daemon.start()
+    asyncio.run(daemon.wait_ready())
+    with SyncGatewayClient(daemon.url, TOKEN) as client:
+        kernel_id = client.start_kernel()
+        client.execute(kernel_id, "print('before')")
+        follower = start_kgs("follow", kernel_id, "--since", "0", url=daemon.url)
+        assert follower.stdout is not None
+        assert follower.stderr is not None
+        assert follower.stdout.readline() == "before\n"
+        client.restart(kernel_id)
+        assert (
+            follower.stderr.readline()
+            == "kgs: the kernel restarted (restart_requested): life 1 begins\n"
+        )
+        client.execute(kernel_id, "print('after')")
+        assert follower.stdout.readline() == "after\n"
+        follower.send_signal(signal.SIGINT)
+        finish(follower)
+        client.shutdown(kernel_id)

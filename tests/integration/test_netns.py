@@ -466,3 +466,36 @@ async def test_a_link_that_fails_mid_run_loses_nothing(netns_daemon: Daemon) -> 
         assert not [r for r in records if r["msg_type"] == GAP]
         await client.shutdown(kernel_id)
     assert namespace_name(kernel_id) not in listed_namespaces()
+
+
+async def test_a_kernel_re_attached_after_a_gateway_crash_takes_its_namespace_with_it(
+    netns_daemon: Daemon,
+) -> None:
+    """The gateway is SIGKILLed; its netns kernel runs on in its namespace and is
+    re-attached at the next start. Shut down then, it leaves no namespace and no veth."""
+    daemon = netns_daemon
+    daemon.start()
+    await daemon.wait_ready()
+    async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
+        kernel_id = await client.start_kernel(KERNEL_NAME)
+        assert (await client.execute(kernel_id, "state = 'kept'")).ok
+    name = namespace_name(kernel_id)
+    pids = [int(pid) for pid in ip("netns", "pids", name).split()]
+    try:
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGKILL)
+        daemon.process.wait()
+        daemon.start()
+        await daemon.wait_ready()
+        async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
+            result = await client.execute(kernel_id, "print(state)")
+            assert result.stdout == "kept\n", daemon.log_text()
+            await client.shutdown(kernel_id)
+        deadline = time.monotonic() + seconds(30)
+        while name in listed_namespaces() or host_interface_name(kernel_id) in host_links():
+            assert time.monotonic() < deadline, daemon.log_text()
+            await asyncio.sleep(0.2)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -86,7 +86,8 @@ async def test_resume_by_last_event_id_mid_execution(
     msg_id = ws.execute(
         "import time\nfor i in range(3000):\n    print(i, flush=True)\n    time.sleep(0.0005)"
     )
-    first = sse(kernel_id, f"parent={msg_id}")
+    # From the start: opened live, it could miss what the kernel printed before it.
+    first = sse(kernel_id, f"since=0&parent={msg_id}")
     await first.until(lambda events: len(stream_text(events).splitlines()) >= 400)
     first.close()
     seen = list(first.events)

@@ -83,8 +83,15 @@ class KernelWS:
             assert ws.selected_subprotocol == V1
         return cls(ws, protocol, session_id)
 
-    def send(self, channel: str, msg_type: str, content: dict[str, Any]) -> str:
+    def send(
+        self,
+        channel: str,
+        msg_type: str,
+        content: dict[str, Any],
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
         msg_id = uuid.uuid4().hex
+        metadata = metadata or {}
         header = {
             "msg_id": msg_id,
             "msg_type": msg_type,
@@ -94,13 +101,13 @@ class KernelWS:
             "date": "2026-01-01T00:00:00Z",
         }
         if self.protocol == "v1":
-            parts = [json.dumps(p).encode() for p in (header, {}, {}, content)]
+            parts = [json.dumps(p).encode() for p in (header, {}, metadata, content)]
             self.ws.write_message(serialize_msg_to_ws_v1(parts, channel), binary=True)
         else:
             message = {
                 "header": header,
                 "parent_header": {},
-                "metadata": {},
+                "metadata": metadata,
                 "content": content,
                 "channel": channel,
                 "buffers": [],
@@ -108,7 +115,8 @@ class KernelWS:
             self.ws.write_message(json.dumps(message))
         return msg_id
 
-    def execute(self, code: str, *, allow_stdin: bool = False) -> str:
+    def execute(self, code: str, *, allow_stdin: bool = False, cell_id: str | None = None) -> str:
+        """Send an execute_request; ``cell_id`` as JupyterLab sends it (``metadata.cellId``)."""
         return self.send(
             "shell",
             "execute_request",
@@ -120,6 +128,7 @@ class KernelWS:
                 "allow_stdin": allow_stdin,
                 "stop_on_error": True,
             },
+            {"cellId": cell_id} if cell_id is not None else None,
         )
 
     async def receive(self, timeout: float = 60) -> dict[str, Any] | None:

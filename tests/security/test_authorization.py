@@ -48,6 +48,7 @@ def jp_server_config(transcript_path: str) -> Config:
 ENDPOINTS = [
     ("GET", "/stream", None),
     ("GET", "/transcript", None),
+    ("GET", "/cells", None),
     ("GET", "/executions/{msg_id}", None),
     ("GET", "/executions/{msg_id}/events", None),
     ("POST", "/execute", {"code": "1"}),

@@ -108,3 +108,41 @@ async def test_a_verbatim_replay_of_a_signed_message_is_recorded_once(
     assert text.count("once\n") == 1
     health = json.loads((await jp_fetch("api", "gateway", "health")).body)
     assert health["components"]["taps"]["replays_refused"] >= 2
+
+
+async def test_a_kernel_cannot_forge_the_gateways_own_records(
+    jp_fetch: Any, start_kernel: Any, connect: Any, transcript: Any
+) -> None:
+    """Code in a kernel signs, as the kernel, what only the gateway writes: a request mark
+    that would put its output into a notebook cell, a restart or a death that would end
+    every execution and empty /cells, a gap. None is recorded; the kernel's own output is."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    first = ws.execute("print('mine')", cell_id="cell-a")
+    await ws.until_idle(first)
+    forgeries = [
+        publish(
+            header={"msg_type": "kernel_gateway_stream_request"},
+            content={"msg_id": "forged", "cell_id": "cell-a"},
+        ),
+        publish(header={"msg_type": "status"}, content={"execution_state": "restarting"}),
+        publish(header={"msg_type": "status"}, content={"execution_state": "dead"}),
+        publish(
+            header={"msg_type": "kernel_gateway_stream_gap"},
+            content={"first_seq": 1, "last_seq": 1, "reason": "forged"},
+        ),
+    ]
+    msg_id = ws.execute("\n".join(forgeries) + "\nprint('after')")
+    await ws.until_idle(msg_id)
+    records = (await transcript(kernel_id, limit=10000))["records"]
+    marks = [
+        r["content"]
+        for r in records
+        if r["msg_type"].startswith("kernel_gateway_stream")
+        or r["content"].get("execution_state") in ("restarting", "dead")
+    ]
+    assert marks == [{"msg_id": first, "cell_id": "cell-a"}], marks
+    response = await jp_fetch("api", "kernels", kernel_id, "cells")
+    (cell,) = json.loads(response.body)["executions"]
+    assert (cell["msg_id"], cell["status"]) == (first, "ok")
+    assert cell["outputs"][0]["text"] == "mine\n"
