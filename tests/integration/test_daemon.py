@@ -59,10 +59,20 @@ async def test_sigkilled_daemon_restarts_with_transcripts_and_numbering(daemon: 
     head = after_restart["head"]
     assert head > before["head"]
     gap = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?since={before['head']}")
-    assert [r["msg_type"] for r in gap["records"]] == ["kernel_gateway_stream_gap"]
-    assert gap["records"][0]["seq"] == head
-    assert gap["records"][0]["content"] == {
-        "first_seq": before["head"] + 1,
+    records = gap["records"]
+    # What the kernel published after `before` and was durable before the kill stays
+    # (the statuses answering the Tap's own kernel_info nudges may come late on a slow
+    # machine: the kernel reads its shell sockets fair-queued); the rest of the
+    # reserved range is one gap record at the head.
+    kept = records[:-1]
+    assert "kernel_gateway_stream_gap" not in [r["msg_type"] for r in kept]
+    assert [r["seq"] for r in kept] == list(
+        range(before["head"] + 1, before["head"] + 1 + len(kept))
+    )
+    assert records[-1]["msg_type"] == "kernel_gateway_stream_gap"
+    assert records[-1]["seq"] == head
+    assert records[-1]["content"] == {
+        "first_seq": before["head"] + 1 + len(kept),
         "last_seq": head,
         "reason": "gateway_stopped",
     }
