@@ -44,6 +44,10 @@ __all__ = ["ROW_OVERHEAD", "Control", "TranscriptWriter", "WriterSettings", "Wri
 #: Bytes a row costs on disk besides its payload (record header, cell pointer, page
 #: slack): what retention adds per row to count bytes on disk, not payload.
 ROW_OVERHEAD = 48
+#: Most bytes one retention step discards: a larger discard holds the writer up (about
+#: 0.1 s per 8 MiB here), and meanwhile the backlog of a flooding kernel grows. What is
+#: left is discarded in the next steps, with batches written between them.
+RETENTION_STEP_BYTES = 8 * 1024 * 1024
 #: Upper bounds of the batch-latency histogram's buckets, in seconds (the last is +Inf).
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
 #: Parent headers each writer remembers per kernel (then a parent is stored again).
@@ -204,11 +208,15 @@ class TranscriptWriter(threading.Thread):
             elif stopping:
                 break
             requested, self._retention_now = self._retention_now, None
-            if requested is not None or time.monotonic() >= next_retention:
+            if requested is not None:
+                while self._retention(time.time()):
+                    pass
+                requested.set()
                 next_retention = time.monotonic() + settings.retention_interval
-                self._retention(time.time())
-                if requested is not None:
-                    requested.set()
+            elif time.monotonic() >= next_retention:
+                more = self._retention(time.time())
+                # More to discard: the next step comes after the batches waiting now.
+                next_retention = time.monotonic() + (0 if more else settings.retention_interval)
         self._close_cleanly()
 
     def _has_work(self) -> bool:
@@ -464,14 +472,18 @@ class TranscriptWriter(threading.Thread):
 
     # -- retention --------------------------------------------------------------------
 
-    def _retention(self, now: float) -> None:
+    def _retention(self, now: float) -> bool:
+        """One retention step; True if there is more to discard."""
         try:
-            self.apply_retention(now)
+            return self.apply_retention(now)
         except sqlite3.Error as error:
             self.log.error("Transcript retention failed: %s", error)
+            return False
 
-    def apply_retention(self, now: float) -> None:
-        """Discard what retention says to (oldest first, whole chunks). Writer thread."""
+    def apply_retention(self, now: float) -> bool:
+        """Discard what retention says to (oldest first, whole chunks), up to
+        :data:`RETENTION_STEP_BYTES` per kernel; True if more is left to discard. Writer
+        thread."""
         connection = self._connection
         assert connection is not None
         settings = self.settings
@@ -479,6 +491,7 @@ class TranscriptWriter(threading.Thread):
         if horizon:
             connection.execute("DELETE FROM cursors WHERE updated < ?", (now - horizon,))
         rows = connection.execute("SELECT key, kernel_id, bytes, ended FROM kernels").fetchall()
+        more = False
         for key, kernel_id, size, ended in rows:
             low, high = kernel_range(key)
             if (
@@ -506,7 +519,15 @@ class TranscriptWriter(threading.Thread):
                 if row:
                     cutoff = max(cutoff, row[0])
             if cutoff:
+                step = connection.execute(
+                    "SELECT id FROM (SELECT id, sum(length(data) + ?) OVER (ORDER BY id) AS "
+                    "total FROM chunks WHERE id BETWEEN ? AND ?) WHERE total >= ? LIMIT 1",
+                    (ROW_OVERHEAD, low, cutoff, RETENTION_STEP_BYTES),
+                ).fetchone()
+                if step and step[0] < cutoff:
+                    cutoff, more = step[0], True
                 self._discard(connection, key, kernel_id, low, cutoff)
+        return more
 
     def _discard(
         self, connection: sqlite3.Connection, key: int, kernel_id: str, low: int, cutoff: int

@@ -25,6 +25,7 @@ from kernel_gateway_stream.core.errors import StoreUnavailable
 from kernel_gateway_stream.core.health import State
 from kernel_gateway_stream.core.marks import GAP_MSG_TYPE
 from kernel_gateway_stream.core.messages import KernelMessage, Record
+from kernel_gateway_stream.stores import sqlite_writer
 from kernel_gateway_stream.stores.sqlite import SQLiteTranscriptStore
 
 from ..timing import seconds
@@ -72,6 +73,7 @@ def execute_request_header() -> bytes:
 _CRASH = """
 import asyncio, os, signal, time
 from kernel_gateway_stream.core.messages import KernelMessage, Record
+from kernel_gateway_stream.stores import sqlite_writer
 from kernel_gateway_stream.stores.sqlite import SQLiteTranscriptStore
 
 async def main():
@@ -263,15 +265,32 @@ async def test_bytes_on_disk_per_byte_of_output(tmp_path: Path, text_bytes: int)
     assert 0.75 <= counted / on_disk <= 1.25
 
 
-async def test_retention_by_size_and_the_discarded_marker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("step_bytes", [sqlite_writer.RETENTION_STEP_BYTES, 5000])
+async def test_retention_by_size_and_the_discarded_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_bytes: int
+) -> None:
     """Retention discards the oldest records past the byte limit (bytes on disk); a reader
-    asking for them is told which range is gone."""
+    asking for them is told which range is gone. It goes in steps of at most
+    RETENTION_STEP_BYTES (batches are written between them): with small steps, several,
+    and the same result."""
+    monkeypatch.setattr(sqlite_writer, "RETENTION_STEP_BYTES", step_bytes)
+    steps: list[int] = []
+    discard = sqlite_writer.TranscriptWriter._discard
+
+    def counted_discard(self: Any, connection: Any, key: int, kernel_id: str, *rest: int) -> None:
+        steps.append(rest[-1])
+        discard(self, connection, key, kernel_id, *rest)
+
+    monkeypatch.setattr(sqlite_writer.TranscriptWriter, "_discard", counted_discard)
     path = str(tmp_path / "t.sqlite3")
     store = open_store(path, max_bytes_per_kernel=40000, max_age=0.0, chunk_max_bytes=2000)
     for seq in range(1, 401):
         store.append(stream_record("k", seq, "x" * 100))
     assert await store.flush(seconds(30))
     await store.apply_retention()
+    # Over the bound by far more than 5,000 bytes: then several steps, else one.
+    assert len(steps) > 1 if step_bytes == 5000 else len(steps) == 1
+    assert steps == sorted(steps)
     page = await store.read("k", 0, 1000)
     assert page.first_seq > 1
     assert page.discarded == (1, page.first_seq - 1)
