@@ -73,7 +73,7 @@ async def peak_with_stalled_client(
             assert loop.time() < deadline, "the stalled client never subscribed"
             await asyncio.sleep(0.05)
         peak = await flood_peak(daemon, runner, count, size)
-        # The flood is 100 MiB of text, far over the limit: the stalled client is closed.
+        # The flood is 50 MiB of text, far over the limit: the stalled client is closed.
         deadline = loop.time() + seconds(30)
         while await subscribers(daemon) != 1:
             assert loop.time() < deadline, "the stalled client was never closed"
@@ -95,15 +95,15 @@ async def test_a_stalled_client_costs_at_most_its_queue_limit_and_is_closed(
         # bound of its own (iopub_receive_hwm), not the client's. Small here, so the figure
         # is the client's; the firehose kernel holds the rest (its SNDHWM is 0).
         f"--TapManager.iopub_receive_hwm={IOPUB_HWM}",
-        # Five floods of 100 MiB: retention by size would start discarding in the middle
-        # of one, and the store's backlog (bounded on its own) grows meanwhile.
+        # Up to five floods of 50 MiB: retention by size would start discarding in one,
+        # and the store's backlog (bounded on its own) grows meanwhile.
         "--SQLiteTranscriptStore.max_bytes_per_kernel=0",
         env={"JUPYTER_PATH": str(tmp_path)},
     )
     await daemon.wait_ready()
     kernel_id = await daemon.start_kernel("firehose")
     runner = await daemon.channels(kernel_id, protocol="v1")
-    count, size = 200_000, 512
+    count, size = 100_000, 512
     # What the flood itself costs, with only the reader (twice: the first warms up).
     await flood_peak(daemon, runner, count, size)
     alone = await flood_peak(daemon, runner, count, size)
