@@ -126,7 +126,8 @@ class SQLiteTranscriptStore(TranscriptStore):
         256 * 1024 * 1024,
         config=True,
         help="Retention: once a kernel's transcript takes more than this many bytes on disk, its "
-        "oldest records are discarded (down to 90%% of it). 0 keeps everything.",
+        "oldest records are discarded (down to 90%% of it), at most 8 MiB per step with "
+        "batches written between steps. 0 keeps everything.",
     )
     max_age = Float(
         7 * 24 * 3600.0,
