@@ -272,7 +272,13 @@ class TranscriptWriter(threading.Thread):
         # Not the disk: something in these records SQLite will not take. Write them one
         # by one, so one bad record cannot stop every kernel's transcript.
         self.log.error("Transcript batch refused (%s); writing it record by record", error)
-        self._write_one_by_one(batch)
+        try:
+            self._write_one_by_one(batch)
+        finally:
+            # What was committed one by one is durable: a flush waiting for it wakes now
+            # (it waited out its whole timeout before).
+            with self.committed:
+                self.committed.notify_all()
 
     def _write_one_by_one(self, batch: list[Record]) -> None:
         """Each record alone; one SQLite refuses is stored as a placeholder under its
