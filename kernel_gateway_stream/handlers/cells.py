@@ -27,7 +27,7 @@ import json
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..core.errors import LocalError, SequenceAhead, UnknownKernel
+from ..core.errors import LocalError
 from ..core.outputs import CellRestorer
 from .common import KERNEL_ACTION, ServicesMixin, parse_seq, requires
 
@@ -52,18 +52,8 @@ class CellsHandler(ServicesMixin, APIHandler):
     async def _get(self, kernel_id: str) -> None:
         since = parse_seq("since", self.get_argument("since", None)) or 0
         store = self.services.store
-        if kernel_id in self.kernel_manager:
-            tap = await self.services.taps.ensure(kernel_id)
-            # What the coalescer holds goes out now: every later frame lies wholly above
-            # the head answered, so a page applying live frames above it shows none twice.
-            head = self.services.broker.cut(kernel_id) or tap.head
-        else:
-            info = await store.info(kernel_id)
-            if info is None:
-                raise UnknownKernel(kernel_id)
-            head = info.head
-        if since > head:
-            raise SequenceAhead(since, head)
+        # Cut: a page applying live frames above the head answered shows none twice.
+        head = await self.readable_head(kernel_id, since, cut=True)
         restarts = [
             mark.seq
             for mark in await store.marks(kernel_id, 0)

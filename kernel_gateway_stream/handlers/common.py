@@ -23,7 +23,14 @@ from tornado import web
 
 from ..broker.base import Broker
 from ..broker.subscriber import ReplayLimits, SubscriberRegistry
-from ..core.errors import BadRequest, LocalError, MethodNotAllowed, PayloadTooLarge
+from ..core.errors import (
+    BadRequest,
+    LocalError,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    SequenceAhead,
+    UnknownKernel,
+)
 from ..core.frames import Frame, SharedMerges
 from ..core.health import ComponentHealth
 from ..core.messages import KernelMessage, load_json_object
@@ -178,6 +185,26 @@ class ServicesMixin:
     def services(self) -> Services:
         services: Services = self.settings[SETTINGS_KEY]
         return services
+
+    async def readable_head(self, kernel_id: str, since: int, *, cut: bool = False) -> int:
+        """The head of ``kernel_id``'s transcript, for a read from ``since``: its Tap's
+        while it runs (``cut``: and what the broker's coalescer holds goes out now, so
+        every later frame lies wholly above it), else the store's. Raises
+        :class:`UnknownKernel` for a kernel neither knows, :class:`SequenceAhead` for a
+        ``since`` past the head."""
+        handler: Any = self
+        if kernel_id in handler.kernel_manager:
+            head = (await self.services.taps.ensure(kernel_id)).head
+            if cut:
+                head = self.services.broker.cut(kernel_id) or head
+        else:
+            info = await self.services.store.info(kernel_id)
+            if info is None:
+                raise UnknownKernel(kernel_id)
+            head = info.head
+        if since > head:
+            raise SequenceAhead(since, head)
+        return head
 
     def write_error_json(self, error: LocalError) -> None:
         """Finish the request with ``error``'s status and ``{"reason", "message"}``."""

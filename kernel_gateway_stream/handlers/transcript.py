@@ -13,7 +13,7 @@ import json
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..core.errors import BadRequest, LocalError, SequenceAhead, UnknownKernel
+from ..core.errors import BadRequest, LocalError
 from ..core.wire import encode_record_json
 from ..stores.base import TranscriptPage
 from .common import KERNEL_ACTION, ServicesMixin, parse_seq, requires
@@ -47,15 +47,7 @@ class TranscriptHandler(ServicesMixin, APIHandler):
         msg_types = [name for value in self.get_arguments("msg_type") for name in value.split(",")]
         store = self.services.store
         running = kernel_id in self.kernel_manager
-        if running:
-            head = (await self.services.taps.ensure(kernel_id)).head
-        else:
-            info = await store.info(kernel_id)
-            if info is None:
-                raise UnknownKernel(kernel_id)
-            head = info.head
-        if since > head:
-            raise SequenceAhead(since, head)
+        head = await self.readable_head(kernel_id, since)
         if output == "text":
             await self._text(kernel_id, since, head, parent)
             return
