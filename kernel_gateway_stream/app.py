@@ -35,6 +35,7 @@ from . import metrics
 from .broker.base import Broker
 from .broker.memory import MemoryBroker
 from .broker.subscriber import ReplayLimits
+from .cluster import ClusterNode
 from .core.errors import GatewayStreamError, StoreUnavailable
 from .core.health import ComponentHealth, State
 from .executions import ExecutionManager
@@ -65,6 +66,7 @@ from .logs import LogSetup
 from .memory import HeapTrimmer
 from .secrets import RedactingFilter, forbid_dumping, remove_secrets_from_environment
 from .stores.base import TranscriptStore
+from .stores.redis import RedisTranscriptStore
 from .stores.sqlite import SQLiteTranscriptStore
 from .stores.sqlite_schema import create_private_file
 from .tap import KERNEL_ACTIONS_SCHEMA, TapManager
@@ -185,6 +187,8 @@ class GatewayStreamApp(ExtensionApp):
         StreamServerApp,
         TapManager,
         SQLiteTranscriptStore,
+        RedisTranscriptStore,
+        ClusterNode,
         MemoryBroker,
         ExecutionManager,
         KernelAttacher,
@@ -193,6 +197,18 @@ class GatewayStreamApp(ExtensionApp):
     @default("open_browser")
     def _default_open_browser(self) -> bool:
         return False
+
+    redis_url = Unicode(
+        config=True,
+        help="Run as one node of several sharing this Redis (redis://host:port/db; rediss:// "
+        "for TLS): transcripts, the record bus, the kernel directory and the kernels' leases "
+        "live there (RedisTranscriptStore, ClusterNode), and transcript_store_class is not "
+        "used. Defaults to the KGS_REDIS_URL environment variable; empty: one node, SQLite.",
+    )
+
+    @default("redis_url")
+    def _default_redis_url(self) -> str:
+        return os.environ.get("KGS_REDIS_URL", "")
 
     transcript_store_class = Type(
         default_value=SQLiteTranscriptStore,
@@ -378,7 +394,12 @@ class GatewayStreamApp(ExtensionApp):
                 serverapp.gateway_config.url,
             )
         # The Type traits hold concrete subclasses of these ABCs.
-        self.store: TranscriptStore = self.transcript_store_class(parent=self, log=self.log)
+        if self.redis_url:
+            self.store: TranscriptStore = RedisTranscriptStore(
+                parent=self, log=self.log, url=self.redis_url
+            )
+        else:
+            self.store = self.transcript_store_class(parent=self, log=self.log)
         self.store.open()
         #: Set while the kernels an earlier run left are re-attached, and once they are (or
         #: are found gone).
@@ -394,6 +415,14 @@ class GatewayStreamApp(ExtensionApp):
         )
         self.executions = ExecutionManager(self.taps, self.store, parent=self, log=self.log)
         self.attacher = KernelAttacher(kernel_manager, self.sockets, parent=self, log=self.log)
+        self.cluster: ClusterNode | None = None
+        if isinstance(self.store, RedisTranscriptStore):
+            self.cluster = ClusterNode(
+                self.store, self.taps, self.attacher, kernel_manager, parent=self, log=self.log
+            )
+            self.taps.cluster = self.cluster
+            self.log.info("One node of several (Redis %s), named %s",
+                          self.store.health().details["redis"], self.cluster.node)  # fmt: skip
         self.services = Services(
             store=self.store,
             broker=self.broker,
@@ -418,6 +447,7 @@ class GatewayStreamApp(ExtensionApp):
             ),
             sse_heartbeat=self.sse_heartbeat_interval,
             max_request_bytes=self.max_request_bytes,
+            cluster=self.cluster,
         )
         self.taps.on_close(self.services.kernel_closed)
         metrics.collector().add(self.services)
@@ -524,7 +554,16 @@ class GatewayStreamApp(ExtensionApp):
         self.recovering.set()
         self.taps.start()
         try:
-            await self.attacher.recover(await self.store.load_links(), self.taps, self.store)
+            if self.cluster is not None:
+                # The directory is the cluster's: each node joins its kernels (and takes
+                # over those whose owner is gone), none re-attaches them as its own.
+                try:
+                    await self.cluster.sync()
+                except Exception as error:  # Redis went away since open(): the loop retries
+                    self.log.error("Joining the cluster's kernels failed: %s", error)
+                self.cluster.start()
+            else:
+                await self.attacher.recover(await self.store.load_links(), self.taps, self.store)
         finally:
             self.recovered.set()
         self.attacher.start()
@@ -568,8 +607,14 @@ class GatewayStreamApp(ExtensionApp):
         metrics.collector().remove(self.services)
         if hasattr(self, "_metrics_server"):
             self._metrics_server.stop()
+        if self.cluster is not None:
+            await self.cluster.stop()
         now = time.time()
         for kernel_id, tap in list(self.taps.taps.items()):
+            if tap.following:
+                # Another node records it: the server's shutdown of every kernel leaves it be.
+                tap.kernel_manager.stop_on_shutdown = False
+                continue
             self.store.kernel_ended(kernel_id, now)
             # jupyter_server shuts every kernel down after this: only a kernel that runs on
             # (attached, not the gateway's own: it is detached) is re-attached next time.

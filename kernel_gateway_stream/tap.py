@@ -107,6 +107,8 @@ class KernelTap:
         store: TranscriptStore,
         broker: Broker,
         manager: TapManager,
+        *,
+        following: bool = False,
     ) -> None:
         self.kernel_id = kernel_id
         self.kernel_manager = kernel_manager
@@ -130,7 +132,10 @@ class KernelTap:
         self._session_read_from: KernelMessage | None = None
         self._last: KernelMessage | None = None
         self._active = False
-        self.source: IOPubSource = link.iopub(self)
+        #: Another node records this kernel (see :mod:`.cluster`): its records come from
+        #: the record bus (:meth:`deliver`), and this Tap records nothing itself.
+        self.following = following
+        self.source: IOPubSource = _FOLLOWED if following else link.iopub(self)
         self._closed = False
         self._connected_at = time.monotonic()
 
@@ -160,11 +165,18 @@ class KernelTap:
         return self.source.reachable
 
     async def start(self) -> None:
-        """Number from the store's head, subscribe, and start nudging until ready."""
+        """Number from the store's head, subscribe, and start nudging until ready (a
+        follower: follow the record bus from the store's head, ready at once)."""
         self.sequencer.head = await self.store.head(self.kernel_id)
         marks = await self.store.marks(self.kernel_id, 0)
         self.epoch = sum(1 for mark in marks if mark.message.execution_state == "restarting")
         self.broker.open_kernel(self.kernel_id, self.sequencer.head)
+        if self.following:
+            self.ready.set_result(None)
+            return
+        self._start_recording()
+
+    def _start_recording(self) -> None:
         self.store.kernel_started(self.kernel_id, time.time())
         # Re-attached after the gateway's restart: the kernel printed unseen meanwhile. A
         # kernel of the gateway's launcher held that output and says so first (its spool
@@ -196,7 +208,7 @@ class KernelTap:
     def link_changed(self, reachable: bool, reason: str, lost: int | None) -> None:
         """The kernel stopped answering, or answers again: recorded as a mark every reader
         sees; output the source may have missed meanwhile is a gap record."""
-        if self._closed:
+        if self._closed or self.following:
             return
         if reachable:
             if lost != 0:
@@ -233,8 +245,9 @@ class KernelTap:
 
     def record_request(self, msg_id: str, cell_id: str) -> None:
         """Execute request ``msg_id``, about to be sent, runs notebook cell ``cell_id``
-        (see :func:`.core.marks.request_mark`)."""
-        if self._closed:
+        (see :func:`.core.marks.request_mark`). Not on a follower: only the owner
+        numbers records, and the mark is not worth a round trip to it."""
+        if self._closed or self.following:
             return
         self._record(
             request_mark(
@@ -249,6 +262,8 @@ class KernelTap:
     def record_message(self, message: KernelMessage) -> None:
         """Record a message from the kernel's IOPub (or one that did not come on IOPub, an
         ``input_request`` for one of the gateway's own executions): the next seq."""
+        if self.following:
+            return
         if message.msg_type == SPOOL_MSG_TYPE:
             self._spool_notice(message)
             return
@@ -314,6 +329,8 @@ class KernelTap:
     def record_mark(self, execution_state: str, reason: str) -> None:
         """Record a lifecycle status the kernel cannot send itself (``restarting``,
         ``dead``), after whatever IOPub already holds: see :mod:`.core.marks`."""
+        if self.following:
+            return
         self._drain()
         epoch = None
         if execution_state == "restarting":
@@ -347,7 +364,7 @@ class KernelTap:
 
     def reconnect(self) -> None:
         """After a restart: resubscribe (the ports may have changed) and nudge again."""
-        if self._closed:
+        if self._closed or self.following:
             return
         self._connected_at = time.monotonic()
         self.source.drain()
@@ -366,7 +383,7 @@ class KernelTap:
     def _on_lifecycle_request(self, what: str) -> None:
         """Our kernel manager says a restart or a shutdown was asked for (the kernel is
         still there: what it does now comes after this note)."""
-        if self._closed:
+        if self._closed or self.following:
             return
         self._drain()
         event = f"{what}_requested" if what in ("shutdown", "detach") else what
@@ -382,7 +399,7 @@ class KernelTap:
 
     def restarted(self) -> None:
         """A restart asked for through the API has completed: the old kernel is gone."""
-        if self._closed:
+        if self._closed or self.following:
             return
         self.record_mark("restarting", "restart_requested")
         self.reconnect()
@@ -392,12 +409,55 @@ class KernelTap:
         self._closed = True
         self.source.stop()
 
+    def deliver(self, record: Record) -> None:
+        """A follower: ``record``, numbered by the kernel's owner, came off the record bus.
+        Fanned out here as the owner fans out its own; one already had is ignored."""
+        if not self.following or self._closed or record.seq <= self.sequencer.head:
+            return
+        self.sequencer.head = record.seq
+        self.received += 1
+        self._last = record.message
+        self.broker.publish(record)
+        self._track_activity(record.message)
+        for observer in self.manager.observers:
+            try:
+                observer(record)
+            except Exception:  # an adapter's edge: one observer's bug is only logged
+                self.log.exception("A record observer failed on %s", self.kernel_id)
+
+    def promote(self) -> None:
+        """A follower becomes the kernel's recorder (its owner died and this node took the
+        lease): it numbers on from the last record it delivered (the takeover's gap record)
+        and reads the kernel's IOPub itself."""
+        if not self.following or self._closed:
+            return
+        self.following = False
+        self.source = self.link.iopub(self)
+        self._connected_at = time.monotonic()
+        self._start_recording()
+
+    def demote(self) -> None:
+        """This node lost the kernel's lease (another node took it over): stop reading the
+        kernel's IOPub; the records come from the bus again."""
+        if self.following or self._closed:
+            return
+        self.source.stop()
+        self._unhook()
+        self.following = True
+        self.source = _FOLLOWED
+
     def close(self, reason: str | None = None) -> None:
         """Stop tapping: the kernel shut down (or was detached: it runs on, without the
         gateway; or is gone, ``reason`` says why). Records that it did (a ``dead`` status,
         reason ``shutdown``, ``detached`` or ``reason``: executions still running end
-        ``died``)."""
+        ``died``). A follower records nothing: the owner did."""
         if self._closed:
+            return
+        if self.following:
+            self._closed = True
+            if not self.ready.done():
+                self.ready.set_result(None)
+            self.broker.close_kernel(self.kernel_id)
             return
         self._drain()
         if self._restart_gap is not None:  # it never spoke again: what it printed is lost
@@ -407,16 +467,41 @@ class KernelTap:
         self.record_mark("dead", reason or ("detached" if leaving == "detach" else "shutdown"))
         self._closed = True
         self.source.stop()
+        self._unhook()
+        if not self.ready.done():
+            self.ready.set_result(None)
+        self.store.kernel_ended(self.kernel_id, time.time())
+        self.broker.close_kernel(self.kernel_id)
+
+    def _unhook(self) -> None:
         for callback, event in ((self._on_auto_restart, "restart"), (self._on_dead, "dead")):
             with contextlib.suppress(ValueError):
                 self.kernel_manager.remove_restart_callback(callback, event)
         hooks = getattr(self.kernel_manager, "lifecycle_hooks", [])
         with contextlib.suppress(ValueError):
             hooks.remove(self._on_lifecycle_request)
-        if not self.ready.done():
-            self.ready.set_result(None)
-        self.store.kernel_ended(self.kernel_id, time.time())
-        self.broker.close_kernel(self.kernel_id)
+
+
+class _Followed:
+    """The IOPub source of a follower: none (its records come off the record bus)."""
+
+    rejected = replays = invalid = 0
+    reachable = True
+
+    def start(self) -> None:
+        pass
+
+    def reconnect(self) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+_FOLLOWED: Any = _Followed()
 
 
 def describe_link(kernel: Any) -> dict[str, Any] | None:
@@ -576,6 +661,9 @@ class TapManager(LoggingConfigurable):
         self.pending_gaps: dict[str, str] = {}
         self._on_close: list[Any] = []
         self._reconciler: PeriodicCallback | None = None
+        #: With several nodes (:mod:`.cluster`): who records which kernel. None: this node
+        #: records every kernel it runs.
+        self.cluster: Any = None
 
     def counts_of(self, msg_type: str) -> list[int]:
         """The ``[messages, bytes]`` counters for ``msg_type`` (see :attr:`by_type`)."""
@@ -611,10 +699,15 @@ class TapManager(LoggingConfigurable):
         self._starting[kernel_id] = future
         try:
             kernel = self.kernel_manager.get_kernel(kernel_id)
+            # With several nodes, only the node holding the kernel's lease records it.
+            owner = self.cluster is None or await self.cluster.claim(kernel_id)
+            link = self.link_for(kernel_id, kernel)
             tap = KernelTap(
-                kernel_id, kernel, self.link_for(kernel_id, kernel), self.store, self.broker, self
+                kernel_id, kernel, link, self.store, self.broker, self, following=not owner
             )
             await tap.start()
+            if not owner:
+                self.cluster.follow(tap)
         except BaseException as error:
             future.set_exception(error)
             future.exception()  # retrieved: waiters re-raise it themselves
@@ -624,7 +717,10 @@ class TapManager(LoggingConfigurable):
         self.taps[kernel_id] = tap
         self.remember(kernel_id)
         future.set_result(tap)
-        self.log.info("Tapping kernel %s from seq %s", kernel_id, tap.head + 1)
+        if tap.following:
+            self.log.info("Following kernel %s from seq %s", kernel_id, tap.head + 1)
+        else:
+            self.log.info("Tapping kernel %s from seq %s", kernel_id, tap.head + 1)
         return tap
 
     def link_for(self, kernel_id: str, kernel: Any) -> KernelLink:
@@ -691,7 +787,7 @@ class TapManager(LoggingConfigurable):
         """Keep, in the store, how to reach the kernel again after a restart of the
         gateway (its connection info: a restart of the kernel may move its ports)."""
         tap = self.taps.get(kernel_id)
-        if tap is None:
+        if tap is None or tap.following:
             return
         link = describe_link(tap.kernel_manager)
         if link is not None:
@@ -701,7 +797,8 @@ class TapManager(LoggingConfigurable):
         tap = self.taps.pop(kernel_id, None)
         if tap is None:
             return
-        self.store.save_link(kernel_id, None)
+        if not tap.following:
+            self.store.save_link(kernel_id, None)
         tap.close(reason)
         self.log.info("Stopped tapping kernel %s at seq %s", kernel_id, tap.head)
         for callback in self._on_close:

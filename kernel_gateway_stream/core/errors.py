@@ -119,6 +119,13 @@ class KernelNotOwned(LocalError):
     reason = "kernel_not_owned"
 
 
+class KernelOnAnotherNode(LocalError):
+    """Several nodes: the kernel is recorded by another node, which alone shuts it down."""
+
+    status = 409
+    reason = "kernel_on_another_node"
+
+
 class KernelExists(LocalError):
     """A kernel with that id is already known to the gateway."""
 

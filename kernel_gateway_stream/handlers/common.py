@@ -102,6 +102,8 @@ class Services:
     recovered: asyncio.Event = field(default_factory=asyncio.Event)
     #: Longest a request for a kernel not known yet waits for that re-attachment.
     recovery_wait: float = 30.0
+    #: With several nodes, this node's :class:`~kernel_gateway_stream.cluster.ClusterNode`.
+    cluster: Any = None
 
     async def known(self, kernel_id: str, kernel_manager: Any) -> bool:
         """Whether ``kernel_id`` is a kernel of the gateway's; while the kernels an earlier
@@ -112,6 +114,9 @@ class Services:
         if self.recovering.is_set() and not self.recovered.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.recovered.wait(), self.recovery_wait)
+        if kernel_id not in kernel_manager and self.cluster is not None:
+            # Started on another node a moment ago: join it now, not at the next sync.
+            await self.cluster.join_now(kernel_id)
         return kernel_id in kernel_manager
 
     def count_refused(self, reason: str) -> None:
@@ -166,11 +171,14 @@ class Services:
             "subscribers": len(self.subscribers),
             **self.sessions.stats(),
         }
-        return [
+        components = [
             self.store.health(),
             self.taps.health(),
             ComponentHealth("broker", broker.state, broker.reason, details),
         ]
+        if self.cluster is not None:
+            components.append(self.cluster.health())
+        return components
 
 
 class ServicesMixin:

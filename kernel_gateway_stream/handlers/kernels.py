@@ -28,7 +28,7 @@ from jupyter_server.services.kernels.handlers import (
 from jupyter_server.utils import url_escape, url_path_join
 from tornado import web
 
-from ..core.errors import BadRequest, LocalError
+from ..core.errors import BadRequest, KernelOnAnotherNode, LocalError
 from .common import LimitedBodyMixin, ServicesMixin, json_body, requires
 
 __all__ = ["AttachingKernelsHandler", "DetachingKernelHandler", "KernelActionsHandler"]
@@ -137,6 +137,16 @@ class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc
             self.write_error_json(BadRequest("shutdown must be 'true' or 'false'"))
             return
         km = self.kernel_manager
+        tap = self.services.taps.taps.get(kernel_id)
+        if tap is not None and tap.following:
+            owner = await self.services.store.holder(kernel_id)  # type: ignore[attr-defined]
+            self.write_error_json(
+                KernelOnAnotherNode(
+                    f"kernel {kernel_id} is recorded by node {owner or '(none: being taken over)'}"
+                    "; shut it down there"
+                )
+            )
+            return
         kernel: Any = km.get_kernel(kernel_id) if kernel_id in km else None
         attached = kernel is not None and getattr(kernel, "attachment", None) is not None
         if attached and shutdown is not None:

@@ -43,6 +43,7 @@ from ..core.messages import Record
 from ..core.records import NO_PARENT, ParentHeader, decode_chunk, encode_record
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
 from .pending import PendingBuffer
+from .query import Query
 from .sqlite_schema import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -400,7 +401,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         info = await self.info(kernel_id)
         head = info.head if info else 0
         first_seq = info.first_seq if info else 1
-        query = _Query(since, min(upper, committed), limit, parent, msg_types, marks, max_bytes)
+        query = Query(since, min(upper, committed), limit, parent, msg_types, marks, max_bytes)
         loop = asyncio.get_running_loop()
         records = await loop.run_in_executor(self._readers, self._read_durable, kernel_id, query)
         last = records[-1].seq if records else since
@@ -469,7 +470,7 @@ class SQLiteTranscriptStore(TranscriptStore):
             key = None if row is None else int(row[0])
         return key
 
-    def _read_durable(self, kernel_id: str, query: _Query) -> list[Record]:
+    def _read_durable(self, kernel_id: str, query: Query) -> list[Record]:
         connection = self._connection()
         key = self._key(connection, kernel_id)
         if key is None or query.upper <= query.since:
@@ -497,7 +498,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         return records
 
     def _chunk_records(
-        self, connection: sqlite3.Connection, kernel_id: str, key: int, query: _Query
+        self, connection: sqlite3.Connection, kernel_id: str, key: int, query: Query
     ) -> Iterator[Record]:
         """The records of the chunks that may hold what ``query`` wants, in order."""
         low, high = kernel_range(key)
@@ -604,39 +605,3 @@ class SQLiteTranscriptStore(TranscriptStore):
             with contextlib.suppress(OSError):
                 total += os.stat(name).st_size
         return total
-
-
-class _Query:
-    """What one read asks for (built on the loop, run on a reader thread)."""
-
-    __slots__ = ("limit", "marks", "max_bytes", "msg_types", "parent", "since", "upper")
-
-    def __init__(
-        self,
-        since: int,
-        upper: int,
-        limit: int,
-        parent: str | None,
-        msg_types: Collection[str] | None,
-        marks: bool,
-        max_bytes: int | None,
-    ) -> None:
-        self.since = since
-        self.upper = upper
-        self.limit = limit
-        self.parent = parent
-        self.msg_types = frozenset(msg_types) if msg_types else None
-        self.marks = marks
-        self.max_bytes = max_bytes
-
-    def full(self, count: int, taken: int) -> bool:
-        """True once a page of ``count`` records and ``taken`` bytes is as big as asked."""
-        return count >= self.limit or (self.max_bytes is not None and taken >= self.max_bytes)
-
-    def wants(self, record: Record) -> bool:
-        message = record.message
-        if self.marks and is_mark(message):
-            return True
-        if self.parent is not None and message.parent_msg_id != self.parent:
-            return False
-        return self.msg_types is None or message.msg_type in self.msg_types
