@@ -28,6 +28,7 @@ import jupyter_server
 import kernel_gateway
 import zmq
 
+from . import nodes
 from . import scenarios as sc
 from .firehose import install_kernelspec
 from .systems import SYSTEMS, Server, System
@@ -41,6 +42,7 @@ SCENARIOS = (
     "transcript",
     "catchup",
     "upstream",
+    "nodes",
 )
 Row = dict[str, Any]
 
@@ -169,6 +171,16 @@ COLUMNS = {
     ],
     "latency": ["p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "lines", "frames"],
     "upstream": ["seconds", "x_alone", "lines", "loss_percent"],
+    "nodes": [
+        "seconds",
+        "x_one_node",
+        "cpu_seconds",
+        "server_us_per_message",
+        "lines",
+        "complete_clients",
+        "lease_taken_seconds",
+        "execution_after_kill_seconds",
+    ],
     "idle_memory": [
         "clients",
         "rss_before_mib",
@@ -327,6 +339,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if "upstream" in only:
             rows += await sc.upstream(home, plan)
             print("  upstream done", flush=True)
+        if "nodes" in only:
+            rows += await nodes.nodes(home, plan)
+            print("  nodes done", flush=True)
     add_ratios(rows)
     checks = targets(rows)
     elapsed = time.perf_counter() - started

@@ -81,8 +81,11 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     assert result.stdout + result.stderr == "", "systemd-analyze has something to say"
 
 
-def test_the_sample_configuration_names_only_real_options() -> None:
-    config = PyFileConfigLoader("kernel_gateway_stream_config.py", path=str(ETC)).load_config()
+@pytest.mark.parametrize(
+    "sample", ["kernel_gateway_stream_config.py", "kernel_gateway_stream_cluster_config.py"]
+)
+def test_the_sample_configuration_names_only_real_options(sample: str) -> None:
+    config = PyFileConfigLoader(sample, path=str(ETC)).load_config()
     classes = {cls.__name__: cls for cls in GatewayStreamApp().classes}
     classes["ServerApp"] = ServerApp
     from jupyter_server.services.kernels.kernelmanager import MappingKernelManager

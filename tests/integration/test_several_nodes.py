@@ -197,7 +197,7 @@ async def test_the_owner_sigkilled_mid_flood_is_taken_over(cluster: Cluster) -> 
     await until(lambda: _listed(b, kernel_id), 30, "the kernel on B")
     await until(lambda: _listed(c, kernel_id), 30, "the kernel on C")
     live = SSEReader(f"{b.url}/api/kernels/{kernel_id}/stream", b.headers)
-    lines = 20000
+    lines = 12000
     code = (
         f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.0002)"
     )

@@ -1,0 +1,218 @@
+"""Several nodes on one Redis, side by side with one node, in one run (``--only nodes``).
+
+* **fanout**: one kernel's burst to 300 clients on one node, against 100 on each of three
+  nodes (two of them fed by the record bus): seconds until every client has everything,
+  and the CPU seconds of all the servers together.
+* **per message**: the 20,000-line flood to one client on one node with the embedded
+  defaults (SQLite, in-process), against one node on Redis (Streams store): the cost of
+  the Redis path.
+* **takeover**: the owner of a kernel SIGKILLed; seconds until another node holds the lease,
+  and until an execution sent afterwards through a survivor has ended.
+
+Needs Redis: ``KGS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from . import scenarios as sc
+from .systems import GATEWAY, Server, System
+from .wsclient import Tally, follow_all
+
+Row = dict[str, Any]
+CLIENTS = 300
+
+
+def _cluster_system(name: str, prefix: str) -> System:
+    return System(
+        name,
+        "gateway",
+        (
+            f"--RedisTranscriptStore.key_prefix={prefix}",
+            "--ClusterNode.lease_ttl=3",
+            "--ClusterNode.sync_interval=0.3",
+        ),
+    )
+
+
+async def nodes(home: Path, plan: sc.Plan) -> list[Row]:
+    url = os.environ.get("KGS_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    prefix = f"kgs-bench-{uuid.uuid4().hex[:8]}:"
+    rows: list[Row] = []
+    os.environ["KGS_REDIS_URL"] = url
+    try:
+        rows += await _per_message(home, plan, prefix)
+        rows += await _fanout(home, plan, prefix)
+        rows.append(await _takeover(home, prefix))
+    finally:
+        os.environ.pop("KGS_REDIS_URL", None)
+        await _clean(url, prefix)
+    return rows
+
+
+async def _start(system: System, where: Path, home: Path, *, redis: bool) -> Server:
+    server = Server(system, where, home / "jp")
+    saved = os.environ.pop("KGS_REDIS_URL", None)
+    if redis and saved:
+        os.environ["KGS_REDIS_URL"] = saved
+    try:
+        await server.start()
+    finally:
+        if saved:
+            os.environ["KGS_REDIS_URL"] = saved
+    return server
+
+
+async def _per_message(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
+    rows = []
+    for label, system, redis in (
+        ("one node, in-process bus and SQLite", GATEWAY, False),
+        ("one node on Redis", _cluster_system("on Redis", prefix + "pm:"), True),
+    ):
+        server = await _start(system, home / "nodes" / f"pm-{redis}", home, redis=redis)
+        try:
+            kernel_id = await server.start_kernel()
+            code = sc.FLOOD.format(n=plan.flood_lines)
+            seconds, tallies, cpu, finished = await sc.run_on(
+                server, kernel_id, "v1", code, 1, plan.timeout * 4, repeats=3
+            )
+            await server.shutdown_kernel(kernel_id)
+        finally:
+            await server.stop()
+        rows.append(
+            sc.row(
+                "nodes",
+                label,
+                f"flood of {plan.flood_lines:,} lines, 1 client",
+                seconds=seconds,
+                cpu_seconds=cpu,
+                server_us_per_message=1e6 * cpu / plan.flood_lines,
+                lines=sc.delivered(tallies)[0],
+                finished=finished,
+            )
+        )
+    rows[1]["x_one_node"] = rows[1]["seconds"] / rows[0]["seconds"]
+    return rows
+
+
+async def _fanout(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
+    rows = []
+    for count in (1, 3):
+        system = _cluster_system(f"{count} nodes", f"{prefix}fan{count}:")
+        servers = [
+            await _start(system, home / "nodes" / f"fan{count}-{i}", home, redis=True)
+            for i in range(count)
+        ]
+        try:
+            kernel_id = await servers[0].start_kernel("firehose")
+            per_node = CLIENTS // count
+            sockets = []
+            for server in servers:
+                sockets += await sc.connect_many(server.port, kernel_id, "v1", per_node)
+            try:
+                code = sc.firehose(plan.fanout_messages, 64)
+                warm = sockets[0].execute("1 64 0")
+                await follow_all([(ws, Tally(warm)) for ws in sockets], plan.fanout_timeout)
+                cpu = sum(server.cpu_seconds() for server in servers)
+                started = time.perf_counter()
+                msg_id = sockets[0].execute(code)
+                tallies = [Tally(msg_id) for _ in sockets]
+                finished = await follow_all(
+                    list(zip(sockets, tallies, strict=True)), plan.fanout_timeout * 4
+                )
+                ended = max((t.done_at or time.perf_counter()) for t in tallies)
+                cpu = sum(server.cpu_seconds() for server in servers) - cpu
+            finally:
+                for ws in sockets:
+                    ws.close()
+            await servers[0].shutdown_kernel(kernel_id)
+        finally:
+            for server in servers:
+                await server.stop()
+        lines, disordered = sc.delivered(tallies)
+        rows.append(
+            sc.row(
+                "nodes",
+                f"{CLIENTS} clients on {count} node{'s' if count > 1 else ''} (Redis)",
+                f"fan-out of {plan.fanout_messages:,} messages",
+                seconds=ended - started,
+                cpu_seconds=cpu,
+                lines=lines,
+                complete_clients=sum(1 for t in tallies if t.lines == plan.fanout_messages),
+                disordered_clients=disordered,
+                finished=finished,
+            )
+        )
+    rows[1]["x_one_node"] = rows[1]["seconds"] / rows[0]["seconds"]
+    return rows
+
+
+async def _takeover(home: Path, prefix: str) -> Row:
+    import redis.asyncio as aioredis
+
+    system = _cluster_system("takeover", f"{prefix}to:")
+    servers = [await _start(system, home / "nodes" / f"to-{i}", home, redis=True) for i in range(3)]
+    client = aioredis.Redis.from_url(os.environ["KGS_REDIS_URL"])
+    try:
+        kernel_id = await servers[0].start_kernel()
+        survivor = servers[1]
+        await survivor.request("GET", f"/api/kernels/{kernel_id}")  # joins it now
+        lease_key = f"{prefix}to:{{{kernel_id}}}:lease"
+        before = await client.get(lease_key)
+        owner = servers[0]
+        assert owner.process is not None
+        killed = time.perf_counter()
+        owner.process.send_signal(signal.SIGKILL)
+        owner.process.wait()
+        owner.process = None
+        held = None
+        while time.perf_counter() - killed < 60:
+            now = await client.get(lease_key)
+            if now is not None and now != before:
+                held = time.perf_counter() - killed
+                break
+            await asyncio.sleep(0.01)
+        answered = None
+        started = await survivor.request(
+            "POST", f"/api/kernels/{kernel_id}/execute", {"code": "print('after')"}
+        )
+        while time.perf_counter() - killed < 120:
+            summary = await survivor.request(
+                "GET", f"/api/kernels/{kernel_id}/executions/{started['msg_id']}"
+            )
+            if summary["status"] != "running":
+                answered = time.perf_counter() - killed
+                break
+            await asyncio.sleep(0.05)
+        for server in servers[1:]:
+            await server.shutdown_kernel(kernel_id)
+        return sc.row(
+            "nodes",
+            "3 nodes, owner SIGKILLed (lease_ttl 3 s, sync 0.3 s)",
+            "takeover",
+            lease_taken_seconds=held,
+            execution_after_kill_seconds=answered,
+        )
+    finally:
+        await client.aclose()
+        for server in servers:
+            await server.stop()
+
+
+async def _clean(url: str, prefix: str) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    with contextlib.suppress(Exception):
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    await client.aclose()
