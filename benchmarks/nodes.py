@@ -164,7 +164,11 @@ async def _takeover(home: Path, prefix: str) -> Row:
     try:
         kernel_id = await servers[0].start_kernel()
         survivor = servers[1]
-        await survivor.request("GET", f"/api/kernels/{kernel_id}")  # joins it now
+        for _ in range(300):  # the directory has it a moment after the start returns
+            listed = await survivor.request("GET", "/api/kernels")
+            if any(kernel["id"] == kernel_id for kernel in listed):
+                break
+            await asyncio.sleep(0.05)
         lease_key = f"{prefix}to:{{{kernel_id}}}:lease"
         before = await client.get(lease_key)
         owner = servers[0]
