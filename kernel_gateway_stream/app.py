@@ -75,7 +75,7 @@ __all__ = ["GatewayStreamApp", "StartRefused", "StreamServerApp", "main"]
 
 DEFAULT_KM = "jupyter_server.services.kernels.kernelmanager.ServerKernelManager"
 #: Variables kept from kernels whatever the configuration (see GatewayStreamApp.secret_env_vars).
-ALWAYS_SECRET = ("JUPYTER_TOKEN", "JUPYTER_GATEWAY_AUTH_TOKEN", "KGS_TOKEN")
+ALWAYS_SECRET = ("JUPYTER_TOKEN", "JUPYTER_GATEWAY_AUTH_TOKEN", "KGS_TOKEN", "KGS_REDIS_URL")
 
 # Any id, so that an id of the wrong shape still gets a JSON 404 from us.
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
@@ -235,7 +235,8 @@ class GatewayStreamApp(ExtensionApp):
         default_value=[],
         config=True,
         help="More environment variables that hold secrets (cloud credentials, database "
-        "passwords), besides JUPYTER_TOKEN, JUPYTER_GATEWAY_AUTH_TOKEN, KGS_TOKEN and any "
+        "passwords), besides JUPYTER_TOKEN, JUPYTER_GATEWAY_AUTH_TOKEN, KGS_TOKEN, KGS_REDIS_URL "
+        "(it may hold Redis's password) and any "
         "variable holding the token: all are removed from the gateway's environment before "
         "any kernel starts, so kernels never see them.",
     )
@@ -371,6 +372,8 @@ class GatewayStreamApp(ExtensionApp):
         assert serverapp.event_logger is not None
         daemon = isinstance(serverapp, StreamServerApp)
         token = serverapp.identity_provider.token
+        # Read before the secrets leave the environment (KGS_REDIS_URL is one of them).
+        redis_url = self.redis_url
         self._route_logs(token)
         self._log_setup = LogSetup(
             [serverapp.log, self.log], json_lines=self.log_json, path=self.log_file
@@ -394,9 +397,9 @@ class GatewayStreamApp(ExtensionApp):
                 serverapp.gateway_config.url,
             )
         # The Type traits hold concrete subclasses of these ABCs.
-        if self.redis_url:
+        if redis_url:
             self.store: TranscriptStore = RedisTranscriptStore(
-                parent=self, log=self.log, url=self.redis_url
+                parent=self, log=self.log, url=redis_url
             )
         else:
             self.store = self.transcript_store_class(parent=self, log=self.log)

@@ -175,6 +175,18 @@ async def test_a_kernel_started_on_a_is_followed_on_b_and_resumed_on_c(cluster: 
         assert ids[-1] == on_b[-1]["seq"]
     finally:
         resumed.close()
+    # Redis's URL (its password) never reaches a kernel.
+    asked = await b.fetch(
+        f"/api/kernels/{kernel_id}/execute",
+        method="POST",
+        body=json.dumps({"code": "import os; print('KGS_REDIS_URL' in os.environ)"}),
+    )
+
+    async def answered() -> Any:
+        summary = await b.fetch(f"/api/kernels/{kernel_id}/executions/{asked['msg_id']}")
+        return summary if summary["status"] != "running" else None
+
+    assert (await until(answered, 60, "the environment check"))["stdout"] == "False\n"
     # Only the owner shuts a kernel down; B says who it is.
     from tornado.httpclient import HTTPClientError
 
