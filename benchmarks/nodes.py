@@ -192,7 +192,7 @@ async def _takeover(home: Path, prefix: str) -> Row:
             summary = await survivor.request(
                 "GET", f"/api/kernels/{kernel_id}/executions/{started['msg_id']}"
             )
-            if summary["status"] != "running":
+            if summary["status"] not in ("queued", "running"):
                 answered = time.perf_counter() - killed
                 break
             await asyncio.sleep(0.05)
