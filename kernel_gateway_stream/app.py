@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Any
@@ -424,6 +425,12 @@ class GatewayStreamApp(ExtensionApp):
                 self.store, self.taps, self.attacher, kernel_manager, parent=self, log=self.log
             )
             self.taps.cluster = self.cluster
+            self.cluster.token = token
+            if not self.cluster.url:
+                host = serverapp.ip if serverapp.ip not in ("", "0.0.0.0", "::") else None
+                host = host or socket.gethostname()
+                host = f"[{host}]" if ":" in host else host
+                self.cluster.url = f"http://{host}:{serverapp.port}{serverapp.base_url}"
             self.log.info("One node of several (Redis %s), named %s",
                           self.store.health().details["redis"], self.cluster.node)  # fmt: skip
         self.services = Services(

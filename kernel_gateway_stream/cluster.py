@@ -40,7 +40,7 @@ from typing import Any
 from traitlets import Float, Unicode
 from traitlets.config import LoggingConfigurable
 
-from .core.errors import LocalError, MalformedMessage
+from .core.errors import KernelOnAnotherNode, LocalError, MalformedMessage
 from .core.health import ComponentHealth, State
 from .kernels.attached import Attachment
 from .stores.redis import RedisTranscriptStore, connect, entry_id, record_of_entry, seq_of
@@ -70,6 +70,14 @@ class ClusterNode(LoggingConfigurable):
         config=True,
         help="Seconds between two passes over the kernel directory: leases renewed, new kernels "
         "followed, expired leases taken over, kernels gone let go. At most lease_ttl / 3.",
+    )
+    advertise_url = Unicode(
+        "",
+        config=True,
+        help="The URL other nodes reach this node at, for the requests they forward to the "
+        "node recording a kernel (shutdown, restart). Empty: http://<ServerApp.ip, or this "
+        "host's name when it listens on every address>:<port><base_url>. Every node must "
+        "accept the others' token: give all nodes the same one.",
     )
     bus_block = Float(
         0.5,
@@ -102,6 +110,9 @@ class ClusterNode(LoggingConfigurable):
         self.delivered = 0
         self.bus_errors = 0
         self.last_error: str | None = None
+        #: This node's URL for the others (set by the application) and its token.
+        self.url = self.advertise_url
+        self.token = ""
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._bus: Any = None
@@ -184,6 +195,8 @@ class ClusterNode(LoggingConfigurable):
     async def sync(self) -> None:
         """One pass: renew this node's leases, follow new kernels, take over kernels whose
         owner is gone, let go of kernels that left the directory."""
+        if self.url:
+            await self.store.redis.hset(self.store.keys.nodes, self.node, self.url)
         for kernel_id, value in list(self.leases.items()):
             if not await self.store.renew(kernel_id, value, self.lease_ttl):
                 self._lost(kernel_id, "lease expired")
@@ -318,6 +331,52 @@ class ClusterNode(LoggingConfigurable):
         if value is not None:
             task = asyncio.ensure_future(self.store.release(kernel_id, value))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    # -- requests only the owner can serve ---------------------------------------------
+
+    async def forward(
+        self, kernel_id: str, method: str, path: str, body: bytes | None = None
+    ) -> tuple[int, bytes, str]:
+        """Send ``method path`` to the node recording ``kernel_id`` (with this node's token:
+        the request was authenticated and authorized here); its status, body and type.
+
+        Raises:
+            KernelOnAnotherNode: no node records it right now (a takeover is under way),
+                or that node does not answer.
+        """
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+        holder = await self.store.holder(kernel_id)
+        node = holder.rpartition(":")[0] if holder else None
+        url = await self.store.redis.hget(self.store.keys.nodes, node) if node else None
+        if node is None or url is None:
+            raise KernelOnAnotherNode(
+                f"no node records kernel {kernel_id} right now (a takeover is under way): "
+                "try again in a few seconds"
+            )
+        headers = {"Authorization": f"token {self.token}"} if self.token else {}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        target = url.decode().rstrip("/") + path
+        try:
+            response = await AsyncHTTPClient().fetch(
+                target,
+                method=method,
+                headers=headers,
+                body=body,
+                allow_nonstandard_methods=True,
+                raise_error=False,
+                request_timeout=60,
+            )
+        except (OSError, HTTPClientError) as error:
+            raise KernelOnAnotherNode(
+                f"node {node}, which records kernel {kernel_id}, does not answer ({error})"
+            ) from error
+        if response.code == 599:
+            raise KernelOnAnotherNode(
+                f"node {node}, which records kernel {kernel_id}, does not answer ({response.error})"
+            )
+        return response.code, response.body or b"", response.headers.get("Content-Type", "")
 
     # -- the record bus --------------------------------------------------------------
 

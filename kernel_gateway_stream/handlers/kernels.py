@@ -10,6 +10,8 @@
   where jupyter_server turns every restart error into a 500.
 * ``DELETE /api/kernels/{id}`` detaches an attached kernel (it runs on), unless
   ``?shutdown=true``; it shuts down every other kernel, as jupyter_server does.
+* With several nodes, ``DELETE`` and ``restart`` of a kernel another node records are
+  forwarded to that node (:meth:`..cluster.ClusterNode.forward`) and its answer relayed.
 """
 
 from __future__ import annotations
@@ -137,15 +139,10 @@ class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc
             self.write_error_json(BadRequest("shutdown must be 'true' or 'false'"))
             return
         km = self.kernel_manager
-        tap = self.services.taps.taps.get(kernel_id)
-        if tap is not None and tap.following:
-            owner = await self.services.store.holder(kernel_id)  # type: ignore[attr-defined]
-            self.write_error_json(
-                KernelOnAnotherNode(
-                    f"kernel {kernel_id} is recorded by node {owner or '(none: being taken over)'}"
-                    "; shut it down there"
-                )
-            )
+        query = self.request.query
+        if await forwarded(
+            self, kernel_id, f"/api/kernels/{kernel_id}" + ("?" + query if query else "")
+        ):
             return
         kernel: Any = km.get_kernel(kernel_id) if kernel_id in km else None
         attached = kernel is not None and getattr(kernel, "attachment", None) is not None
@@ -154,6 +151,28 @@ class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc
         await ensure_async(km.shutdown_kernel(kernel_id))
         self.set_status(204)
         self.finish()
+
+
+async def forwarded(handler: Any, kernel_id: str, path: str, body: bytes | None = None) -> bool:
+    """Several nodes: a request only the kernel's recording node can serve (shutdown,
+    restart), for a kernel another node records, is sent there and its answer relayed.
+    False if this node records the kernel (or there is one node): serve it here."""
+    services = handler.services
+    tap = services.taps.taps.get(kernel_id)
+    if services.cluster is None or tap is None or not tap.following:
+        return False
+    try:
+        status, payload, content_type = await services.cluster.forward(
+            kernel_id, handler.request.method, path, body
+        )
+    except KernelOnAnotherNode as error:
+        handler.write_error_json(error)
+        return True
+    handler.set_status(status)
+    if content_type and payload:
+        handler.set_header("Content-Type", content_type)
+    handler.finish(payload or None)
+    return True
 
 
 class KernelActionsHandler(ServicesMixin, KernelActionHandler):  # type: ignore[misc]
@@ -167,6 +186,8 @@ class KernelActionsHandler(ServicesMixin, KernelActionHandler):  # type: ignore[
             await ensure_async(km.interrupt_kernel(kernel_id))  # type: ignore[func-returns-value]
             self.set_status(204)
             self.finish()
+            return
+        if await forwarded(self, kernel_id, f"/api/kernels/{kernel_id}/restart", b"{}"):
             return
         try:
             await km.restart_kernel(kernel_id)

@@ -11,6 +11,7 @@ Keys, all of one kernel in one hash slot (``{kernel_id}`` is a Redis Cluster has
     <prefix>{K}:fence    counter: the fencing token, one more at every acquisition
     <prefix>{K}:cursors  hash: session id -> last seq sent
     <prefix>kernels      hash: kernel id -> how to reach it (the kernel directory)
+    <prefix>nodes        hash: node name -> its URL (for requests only the owner serves)
 
 An entry's fields: ``r``, the record in the codec of :mod:`..core.records` (shared with
 SQLite); ``p``, ``pi`` and ``pt``, its parent header and that header's msg_id and msg_type
@@ -139,6 +140,8 @@ class RedisKeys:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.kernels = f"{prefix}kernels"
+        #: node name -> the URL other nodes forward its kernels' requests to
+        self.nodes = f"{prefix}nodes"
 
     def of(self, kernel_id: str, what: str) -> str:
         return f"{self.prefix}{{{kernel_id}}}:{what}"

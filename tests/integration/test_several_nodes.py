@@ -188,14 +188,22 @@ async def test_a_kernel_started_on_a_is_followed_on_b_and_resumed_on_c(cluster: 
 
     checked = await until(answered, 60, "the environment check")
     assert checked["stdout"] == "False\n", checked
-    # Only the owner shuts a kernel down; B says who it is.
-    from tornado.httpclient import HTTPClientError
+    # A restart and a shutdown asked of B are done by A, which records the kernel.
+    restarted = await b.fetch(f"/api/kernels/{kernel_id}/restart", method="POST", body="{}")
+    assert restarted["id"] == kernel_id
 
-    with pytest.raises(HTTPClientError) as refused:
-        await b.fetch(f"/api/kernels/{kernel_id}", method="DELETE")
-    assert refused.value.code == 409
-    assert refused.value.response is not None
-    assert json.loads(refused.value.response.body)["reason"] == "kernel_on_another_node"
+    async def restart_recorded() -> bool:
+        records = await transcript(c, kernel_id, on_b[-1]["seq"])
+        return any(r["content"].get("execution_state") == "restarting" for r in records)
+
+    await until(restart_recorded, 60, "the restart, recorded by A, seen on C")
+    await b.fetch(f"/api/kernels/{kernel_id}", method="DELETE")
+    for node in (a, b, c):
+        await until(lambda node=node: _gone(node, kernel_id), 30, "the kernel gone from every node")
+
+
+async def _gone(node: Daemon, kernel_id: str) -> bool:
+    return not await _listed(node, kernel_id)
 
 
 async def _listed(node: Daemon, kernel_id: str) -> bool:
