@@ -619,6 +619,11 @@ class GatewayStreamApp(ExtensionApp):
             self._metrics_server.stop()
         if self.cluster is not None:
             await self.cluster.stop()
+            # The kernels this node records go to the others, running: the server's
+            # shutdown of every kernel must not reach them.
+            for kernel_id in await self.cluster.hand_over(self.shutdown_drain_timeout):
+                self.taps.taps.pop(kernel_id, None)
+                self._let_go(kernel_id)
         now = time.time()
         for kernel_id, tap in list(self.taps.taps.items()):
             if tap.following:
@@ -639,6 +644,19 @@ class GatewayStreamApp(ExtensionApp):
         await self.store.flush(self.store_close_timeout())
         self.store.close()
         self.sockets.close()
+
+    def _let_go(self, kernel_id: str) -> None:
+        """Forget a kernel without stopping it (handed over to another node)."""
+        km = self.serverapp.kernel_manager if self.serverapp is not None else None
+        if km is None or kernel_id not in km:
+            return
+        kernel: Any = km.get_kernel(kernel_id)
+        if getattr(kernel, "attachment", None) is not None:
+            kernel.stop_on_shutdown = False  # the server's shutdown detaches it
+            return
+        with contextlib.suppress(Exception):
+            kernel.stop_restarter()
+        km.remove_kernel(kernel_id)
 
     def store_close_timeout(self) -> float:
         return float(getattr(self.store, "close_timeout", 10.0))

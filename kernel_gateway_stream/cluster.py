@@ -117,6 +117,7 @@ class ClusterNode(LoggingConfigurable):
         self._tasks: list[asyncio.Task[None]] = []
         self._bus: Any = None
         store.on_fenced.append(self._fenced)
+        store.reacquire = self._reacquire
         taps.on_close(self._tap_closed)
 
     # -- ownership -------------------------------------------------------------------
@@ -132,6 +133,7 @@ class ClusterNode(LoggingConfigurable):
         self._hold(kernel_id, value)
         if not had:
             gap = await self.store.take_over(kernel_id, value, "owner_lost")
+            self._after_hand_over(kernel_id)
             if gap is not None:
                 self.takeovers += 1
                 self.log.warning(
@@ -140,6 +142,47 @@ class ClusterNode(LoggingConfigurable):
                     extra={"kernel_id": kernel_id},
                 )  # fmt: skip
         return True
+
+    def _after_hand_over(self, kernel_id: str) -> None:
+        """Handed over cleanly: no gap, unless the kernel, which held its output meanwhile,
+        says it had to drop some (its hold notice; as after a restart of one gateway)."""
+        if kernel_id in self.store.handed_over:
+            self.store.handed_over.discard(kernel_id)
+            self.taps.pending_gaps[kernel_id] = "owner_stopped"
+            self.log.info("Kernel %s was handed over cleanly", kernel_id)
+
+    async def hand_over(self, timeout: float) -> list[str]:
+        """A graceful stop: every kernel this node records is handed to the others. Each is
+        told to hold its output, what it sent before is recorded and written, and its lease
+        is released for a survivor to take at once (instead of after ``lease_ttl``). The
+        kernels keep running: the caller lets go of them without shutting them down.
+        Returns the kernels handed over."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        released: dict[str, bool] = {}
+        for kernel_id in list(self.leases):
+            tap = self.taps.taps.get(kernel_id)
+            if tap is None or tap.closed or tap.following:
+                continue
+            left = max(0.1, deadline - loop.time())
+            released[kernel_id] = await tap.release(quiet=0.2, timeout=min(5.0, left))
+        written = await self.store.flush(max(0.1, deadline - loop.time()))
+        handed = []
+        for kernel_id, quiet in released.items():
+            value = self.leases.pop(kernel_id)
+            self.store.leases.pop(kernel_id, None)
+            clean = quiet and written and kernel_id not in self.store.fenced
+            try:
+                if await self.store.hand_over(kernel_id, value, clean):
+                    handed.append(kernel_id)
+            except Exception as error:  # Redis gone: the lease expires, a survivor takes over
+                self.log.error("Could not hand kernel %s over: %s", kernel_id, error)
+                handed.append(kernel_id)
+            self.log.info(
+                "Handed kernel %s over%s", kernel_id, "" if clean else " (with a gap)",
+                extra={"kernel_id": kernel_id},
+            )  # fmt: skip
+        return handed
 
     def _hold(self, kernel_id: str, value: str) -> None:
         self.leases[kernel_id] = value
@@ -179,8 +222,12 @@ class ClusterNode(LoggingConfigurable):
 
     async def _sync_loop(self) -> None:
         while True:
+            started = time.monotonic()
             try:
                 await self.sync()
+                took = time.monotonic() - started
+                if took > self.lease_ttl / 3:
+                    self.log.warning("A pass over the kernel directory took %.1f s", took)
                 if self.last_error is not None:
                     self.log.info("The kernel directory in Redis is reachable again")
                 self.last_error = None
@@ -198,7 +245,8 @@ class ClusterNode(LoggingConfigurable):
         if self.url:
             await self.store.redis.hset(self.store.keys.nodes, self.node, self.url)
         for kernel_id, value in list(self.leases.items()):
-            if not await self.store.renew(kernel_id, value, self.lease_ttl):
+            renewed = await self.store.renew(kernel_id, value, self.lease_ttl)
+            if not renewed and not await self._reacquire(kernel_id):
                 self._lost(kernel_id, "lease expired")
         links = await self.store.load_links()
         self.links = links
@@ -261,6 +309,7 @@ class ClusterNode(LoggingConfigurable):
         self.followed.pop(kernel_id, None)
         await self.catch_up(tap)
         gap = await self.store.take_over(kernel_id, value, "owner_lost")
+        self._after_hand_over(kernel_id)
         if gap is not None:
             tap.deliver(gap)
         # This node now answers for the kernel as its first owner did: a kernel the
@@ -321,16 +370,40 @@ class ClusterNode(LoggingConfigurable):
             tap.demote()
             self.follow(tap)
 
+    async def _reacquire(self, kernel_id: str) -> bool:
+        """The store's append found this node's lease gone: take it again if nobody else
+        took it or wrote since (this node was only late renewing it)."""
+        if kernel_id not in self.leases:
+            return False
+        value = await self.store.acquire_again(kernel_id, self.node, self.lease_ttl)
+        if value is None:
+            return False
+        self._hold(kernel_id, value)
+        self.log.warning(
+            "Kernel %s: this node's lease ran out before it was renewed; taken again",
+            kernel_id, extra={"kernel_id": kernel_id},
+        )  # fmt: skip
+        return True
+
     def _fenced(self, kernel_id: str) -> None:
         self._lost(kernel_id, "another node appends to its transcript")
 
     def _tap_closed(self, kernel_id: str, head: int) -> None:
         self.followed.pop(kernel_id, None)
         value = self.leases.pop(kernel_id, None)
-        self.store.leases.pop(kernel_id, None)
         if value is not None:
-            task = asyncio.ensure_future(self.store.release(kernel_id, value))
+            # Once its last records (the kernel's end) are written: released before, the
+            # lease would no longer be this node's when the writer gets to them.
+            task = asyncio.ensure_future(self._release_when_written(kernel_id, value))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _release_when_written(self, kernel_id: str, value: str) -> None:
+        try:
+            await self.store.flush(self.lease_ttl)
+            await self.store.release(kernel_id, value)
+        finally:
+            if self.store.leases.get(kernel_id) == value:
+                del self.store.leases[kernel_id]
 
     # -- requests only the owner can serve ---------------------------------------------
 

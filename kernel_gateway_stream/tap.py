@@ -135,6 +135,9 @@ class KernelTap:
         #: Another node records this kernel (see :mod:`.cluster`): its records come from
         #: the record bus (:meth:`deliver`), and this Tap records nothing itself.
         self.following = following
+        #: The kernel said it holds its output while nobody listens (the gateway's
+        #: launcher): a graceful hand-over to another node loses nothing.
+        self.holds_output = False
         self.source: IOPubSource = _FOLLOWED if following else link.iopub(self)
         self._closed = False
         self._connected_at = time.monotonic()
@@ -279,6 +282,7 @@ class KernelTap:
         held, dropped = content.get("held"), content.get("dropped")
         held = held if isinstance(held, int) and held >= 0 else 0
         dropped = dropped if isinstance(dropped, int) and dropped >= 0 else None
+        self.holds_output = True
         reason, self._restart_gap = self._restart_gap, None
         if reason is not None or held:
             self.log.info(
@@ -435,6 +439,20 @@ class KernelTap:
         self.source = self.link.iopub(self)
         self._connected_at = time.monotonic()
         self._start_recording()
+
+    async def release(self, quiet: float, timeout: float) -> bool:
+        """Stop recording for a graceful hand-over to another node: the kernel is told to
+        hold its output, and what it sent before that is recorded. True if nothing it
+        publishes from here on can have been lost (it holds, and went quiet in time)."""
+        if self.following or self._closed:
+            return False
+        release = getattr(self.source, "release", None)
+        clean = False
+        if release is not None and self.holds_output:
+            clean = bool(await release(quiet, timeout))
+        self.stop()
+        self._unhook()
+        return clean
 
     def demote(self) -> None:
         """This node lost the kernel's lease (another node took it over): stop reading the

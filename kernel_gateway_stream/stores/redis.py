@@ -113,6 +113,19 @@ redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
 return value
 """
 
+#: KEYS: lease, fence, meta. ARGV: node, ttl_ms, head. A new lease value for ``node`` if
+#: the lease is free, nobody was handed the kernel, and the transcript's head is still
+#: ``head`` (nobody wrote since this node did); else false.
+_REACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local fields = redis.call('HMGET', KEYS[3], 'head', 'handed_over')
+if (fields[1] or '0') ~= ARGV[3] or fields[2] then return false end
+local token = redis.call('INCR', KEYS[2])
+local value = ARGV[1] .. ':' .. token
+redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
+return value
+"""
+
 #: KEYS: lease. ARGV: value, ttl_ms. 1 if renewed, 0 if the lease is not this value's.
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -127,6 +140,17 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+
+#: KEYS: lease, meta. ARGV: value, clean ("1" or "0"). 1 if released: the next owner numbers
+#: on from the head (clean) or after a gap for the reservation (not clean).
+_HAND_OVER = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[2], 'handed_over', ARGV[2])
+return redis.call('DEL', KEYS[1])
 """
 
 
@@ -267,6 +291,10 @@ class RedisTranscriptStore(TranscriptStore):
         self.fenced: set[str] = set()
         #: Called with a kernel id whose append was fenced.
         self.on_fenced: list[Any] = []
+        #: ``await reacquire(kernel_id) -> bool``: the cluster node's, see :meth:`_write`.
+        self.reacquire: Any = None
+        #: Kernels taken over after a clean hand-over (no gap: the kernel held its output).
+        self.handed_over: set[str] = set()
         self._redis: Any = None
         self._writer: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -297,6 +325,8 @@ class RedisTranscriptStore(TranscriptStore):
             ("acquire", _ACQUIRE),
             ("renew", _RENEW),
             ("release", _RELEASE),
+            ("hand_over", _HAND_OVER),
+            ("reacquire", _REACQUIRE),
         ):
             self._scripts[name] = self._redis.register_script(source)
 
@@ -367,7 +397,14 @@ class RedisTranscriptStore(TranscriptStore):
                 continue  # not ours to write any more (dropped: the new owner numbers on)
             lease = self.leases.get(kernel_id, "")
             try:
-                await self.append_now(kernel_id, records, lease)
+                try:
+                    await self.append_now(kernel_id, records, lease)
+                except Fenced:
+                    # The lease ran out (this node was too busy to renew it in time) and
+                    # nobody took it or wrote since: take it again, and write on.
+                    if self.reacquire is None or not await self.reacquire(kernel_id):
+                        raise
+                    await self.append_now(kernel_id, records, self.leases[kernel_id])
             except Fenced:
                 self.fenced.add(kernel_id)
                 self.log.error(
@@ -475,6 +512,20 @@ class RedisTranscriptStore(TranscriptStore):
         )
         return value.decode() if isinstance(value, bytes) else value
 
+    async def acquire_again(self, kernel_id: str, node: str, ttl: float) -> str | None:
+        """A new lease for ``node`` if the lease ran out unused (see ``_REACQUIRE``)."""
+        keys = self.keys
+        head = await self._redis.hget(keys.of(kernel_id, "meta"), "head")
+        value = await self._scripts["reacquire"](
+            keys=[
+                keys.of(kernel_id, "lease"),
+                keys.of(kernel_id, "fence"),
+                keys.of(kernel_id, "meta"),
+            ],
+            args=[node, int(ttl * 1000), (head or b"0").decode()],
+        )
+        return value.decode() if isinstance(value, bytes) else value
+
     async def renew(self, kernel_id: str, value: str, ttl: float) -> bool:
         renewed = await self._scripts["renew"](
             keys=[self.keys.of(kernel_id, "lease")], args=[value, int(ttl * 1000)]
@@ -491,15 +542,33 @@ class RedisTranscriptStore(TranscriptStore):
         value = await self._redis.get(self.keys.of(kernel_id, "lease"))
         return value.decode() if isinstance(value, bytes) else value
 
+    async def hand_over(self, kernel_id: str, value: str, clean: bool) -> bool:
+        """Release the kernel's lease for another node to take (a graceful stop), saying
+        whether everything this node gave a number is written and the kernel holds what
+        it publishes from here on (``clean``: the next owner needs no gap)."""
+        released = await self._scripts["hand_over"](
+            keys=[self.keys.of(kernel_id, "lease"), self.keys.of(kernel_id, "meta")],
+            args=[value, "1" if clean else "0"],
+        )
+        return bool(released)
+
     async def take_over(self, kernel_id: str, lease: str, reason: str) -> Record | None:
         """Number on above what the last owner reserved: one gap record for the numbers it
         may have given out without writing (and whatever the kernel printed while no node
         recorded it). Returns the gap record, written, or None if the kernel has no
-        transcript yet."""
+        transcript yet, or if its last owner handed it over cleanly (see
+        :meth:`hand_over`; :attr:`handed_over` then has it)."""
         meta = self.keys.of(kernel_id, "meta")
-        head, reserved = await self._redis.hmget(meta, "head", "reserved")
+        head, reserved, handed = await self._redis.hmget(meta, "head", "reserved", "handed_over")
+        if handed is not None:
+            await self._redis.hdel(meta, "handed_over")
+        if handed == b"1":
+            self.handed_over.add(kernel_id)
+            return None
         if head is None and reserved is None:
             return None
+        if handed == b"0":
+            reason = "owner_stopped"
         head = int(head or 0)
         last = max(int(reserved or 0), head + 1)
         now = time.time()

@@ -55,7 +55,8 @@ class Cluster:
         for node in self.nodes.values():
             node.start(
                 f"--RedisTranscriptStore.key_prefix={self.prefix}",
-                "--ClusterNode.lease_ttl=2",
+                # Long enough that a node slowed down by the machine's load still renews.
+                f"--ClusterNode.lease_ttl={seconds(2)}",
                 "--ClusterNode.sync_interval=0.3",
                 env={"KGS_REDIS_URL": self.url},
             )
@@ -279,4 +280,51 @@ async def test_the_owner_sigkilled_mid_flood_is_taken_over(cluster: Cluster) -> 
                 await node.fetch(f"/api/kernels/{kernel_id}", method="DELETE")
                 break
             except Exception:  # a follower refuses (409): the other one owns it
+                continue
+
+
+async def test_a_node_stopped_gracefully_hands_its_kernels_over(cluster: Cluster) -> None:
+    """SIGTERM of the recording node mid-flood: the kernel runs on, a survivor records it
+    at once (no lease to wait out), and nothing is lost: the kernel held its output while
+    no node listened, so the transcript has every line, once, in order, and no gap."""
+    await cluster.wait_ready()
+    a, b, c = (cluster.nodes[name] for name in "abc")
+    kernel_id = await a.start_kernel()
+    await until(lambda: _listed(b, kernel_id), 30, "the kernel on B")
+    await until(lambda: _listed(c, kernel_id), 30, "the kernel on C")
+    live = SSEReader(f"{b.url}/api/kernels/{kernel_id}/stream", b.headers)
+    lines = 12000
+    code = (
+        f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.0002)"
+    )
+    started = await b.fetch(
+        f"/api/kernels/{kernel_id}/execute", method="POST", body=json.dumps({"code": code})
+    )
+    msg_id = started["msg_id"]
+    try:
+        await live.until(lambda ev: len(stream_text(ev).split()) > 2000, 60)
+        a.stop()  # SIGTERM: a graceful stop
+        assert a.process is not None
+        assert a.process.returncode == 0, a.log_text()[-3000:]
+
+        async def finished() -> list[dict[str, Any]] | None:
+            records = await transcript(b, kernel_id)
+            done = numbers(records, msg_id)
+            return records if done and done[-1] == lines - 1 else None
+
+        records = await until(finished, 120, "the flood to end in the transcript")
+        assert [(r["seq"], r["content"]) for r in records if r["msg_type"] == GAP] == []
+        assert numbers(records, msg_id) == list(range(lines))
+        assert [r["seq"] for r in await transcript(c, kernel_id)] == [r["seq"] for r in records]
+        events = await live.until(lambda ev: str(lines - 1) in stream_text(ev).split(), 60)
+        assert stream_text(
+            [e for e in events if e.data["parent_header"].get("msg_id") == msg_id]
+        ) == "".join(f"{i}\n" for i in range(lines))
+    finally:
+        live.close()
+        for node in (b, c):
+            try:
+                await node.fetch(f"/api/kernels/{kernel_id}", method="DELETE")
+                break
+            except Exception:  # none records it yet: the next one may
                 continue
