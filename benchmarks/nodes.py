@@ -6,8 +6,9 @@
 * **per message**: the 20,000-line flood to one client on one node with the embedded
   defaults (SQLite, in-process), against one node on Redis (Streams store): the cost of
   the Redis path.
-* **takeover**: the owner of a kernel SIGKILLed; seconds until another node holds the lease,
-  and until an execution sent afterwards through a survivor has ended.
+* **takeover**: the owner of a kernel SIGKILLed (its lease runs out) or stopped with
+  SIGTERM (it hands the kernel over); seconds until another node holds the lease, and
+  until an execution sent afterwards through a survivor has ended.
 
 Needs Redis: ``KGS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).
 """
@@ -51,7 +52,8 @@ async def nodes(home: Path, plan: sc.Plan) -> list[Row]:
     try:
         rows += await _per_message(home, plan, prefix)
         rows += await _fanout(home, plan, prefix)
-        rows.append(await _takeover(home, prefix))
+        rows.append(await _takeover(home, prefix, signal.SIGKILL))
+        rows.append(await _takeover(home, prefix, signal.SIGTERM))
     finally:
         os.environ.pop("KGS_REDIS_URL", None)
         await _clean(url, prefix)
@@ -155,11 +157,16 @@ async def _fanout(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
     return rows
 
 
-async def _takeover(home: Path, prefix: str) -> Row:
+async def _takeover(home: Path, prefix: str, how: signal.Signals = signal.SIGKILL) -> Row:
+    """The owner stopped by ``how`` (SIGKILL: a crash, the lease runs out; SIGTERM: a
+    graceful stop, which hands the kernel over)."""
     import redis.asyncio as aioredis
 
-    system = _cluster_system("takeover", f"{prefix}to:")
-    servers = [await _start(system, home / "nodes" / f"to-{i}", home, redis=True) for i in range(3)]
+    tag = f"to{how.value}"
+    system = _cluster_system("takeover", f"{prefix}{tag}:")
+    servers = [
+        await _start(system, home / "nodes" / f"{tag}-{i}", home, redis=True) for i in range(3)
+    ]
     client = aioredis.Redis.from_url(os.environ["KGS_REDIS_URL"])
     try:
         kernel_id = await servers[0].start_kernel()
@@ -169,13 +176,14 @@ async def _takeover(home: Path, prefix: str) -> Row:
             if any(kernel["id"] == kernel_id for kernel in listed):
                 break
             await asyncio.sleep(0.05)
-        lease_key = f"{prefix}to:{{{kernel_id}}}:lease"
+        lease_key = f"{prefix}{tag}:{{{kernel_id}}}:lease"
         before = await client.get(lease_key)
         owner = servers[0]
         assert owner.process is not None
+        process = owner.process
         killed = time.perf_counter()
-        owner.process.send_signal(signal.SIGKILL)
-        owner.process.wait()
+        process.send_signal(how)
+        exited = asyncio.get_running_loop().run_in_executor(None, process.wait)
         owner.process = None
         held = None
         while time.perf_counter() - killed < 60:
@@ -196,11 +204,13 @@ async def _takeover(home: Path, prefix: str) -> Row:
                 answered = time.perf_counter() - killed
                 break
             await asyncio.sleep(0.05)
+        await exited
         for server in servers[1:]:
             await server.shutdown_kernel(kernel_id)
         return sc.row(
             "nodes",
-            "3 nodes, owner SIGKILLed (lease_ttl 3 s, sync 0.3 s)",
+            f"3 nodes, owner {'SIGKILLed' if how == signal.SIGKILL else 'stopped (SIGTERM)'} "
+            "(lease_ttl 3 s, sync 0.3 s)",
             "takeover",
             lease_taken_seconds=held,
             execution_after_kill_seconds=answered,
