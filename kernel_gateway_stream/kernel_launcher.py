@@ -53,8 +53,7 @@ class HoldingIOPubThread(IOPubThread):
     hold_bytes = 64 * 1024 * 1024
 
     def __init__(self, socket: Any, pipe: bool = False, session: Any = False) -> None:
-        #: Subscriptions per topic (the socket is XPUB_MANUAL: every one is passed up).
-        self._topics: collections.Counter[bytes] = collections.Counter()
+        self._topics: set[bytes] = set()
         self._held: collections.deque[list[bytes]] = collections.deque()
         self._held_bytes = 0
         self._dropped = 0
@@ -65,32 +64,16 @@ class HoldingIOPubThread(IOPubThread):
         super().__init__(socket, pipe=pipe, session=session)
 
     def _handle_subscription(self, frames: list[Any]) -> None:
-        """A subscription or an unsubscription, applied here (XPUB_MANUAL), on the thread
-        that sends: what was sent before it went to the subscriber that leaves, what is
-        sent after it is held, with nothing lost between the two (libzmq, left to apply
-        it, would drop what the thread sends before it reads the unsubscription)."""
         was_listened = bool(self._topics)
-        manual = self._manual()
         for frame in frames:
             data = bytes(frame)
             if data[:1] == b"\x01":
-                if manual:
-                    self.socket.setsockopt(zmq.SUBSCRIBE, data[1:])
-                self._topics[data[1:]] += 1
+                self._topics.add(data[1:])
             elif data[:1] == b"\x00":
-                if manual:
-                    self.socket.setsockopt(zmq.UNSUBSCRIBE, data[1:])
-                self._topics[data[1:]] -= 1
-                if self._topics[data[1:]] <= 0:
-                    del self._topics[data[1:]]
+                self._topics.discard(data[1:])
         if self._can_hold and self._topics and not was_listened:
             self._release()
         super()._handle_subscription(frames)  # ipykernel's iopub_welcome
-
-    def _manual(self) -> bool:
-        # XPUB_MANUAL cannot be read back: init_iopub sets it on every socket it gives
-        # this thread when the thread can hold (an XPUB, ipykernel 7).
-        return self._can_hold
 
     def _really_send(self, msg: Any, *args: Any, **kwargs: Any) -> None:
         if (
@@ -156,10 +139,6 @@ class LosslessIOPubKernelApp(IPKernelApp):
             created = make_socket(socket_type, *args, **kwargs)
             if socket_type in (zmq.PUB, zmq.XPUB):
                 created.setsockopt(zmq.SNDHWM, 0)
-            if socket_type == zmq.XPUB and _IOPUB_TAKES_SESSION:
-                # Subscriptions take effect when the IOPub thread reads them (see
-                # HoldingIOPubThread), not before: nothing falls between the two.
-                created.setsockopt(zmq.XPUB_MANUAL, 1)
             return created
 
         context.socket = socket  # type: ignore[method-assign]

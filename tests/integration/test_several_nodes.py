@@ -285,8 +285,8 @@ async def test_the_owner_sigkilled_mid_flood_is_taken_over(cluster: Cluster) -> 
 
 async def test_a_node_stopped_gracefully_hands_its_kernels_over(cluster: Cluster) -> None:
     """SIGTERM of the recording node mid-flood: the kernel runs on, a survivor records it
-    at once (no lease to wait out), and nothing is lost: the kernel held its output while
-    no node listened, so the transcript has every line, once, in order, and no gap."""
+    at its next pass (no lease to wait out), and what was in flight when the node let go is
+    one explicit gap: every other line is there once, in order."""
     await cluster.wait_ready()
     a, b, c = (cluster.nodes[name] for name in "abc")
     kernel_id = await a.start_kernel()
@@ -306,6 +306,7 @@ async def test_a_node_stopped_gracefully_hands_its_kernels_over(cluster: Cluster
         a.stop()  # SIGTERM: a graceful stop
         assert a.process is not None
         assert a.process.returncode == 0, a.log_text()[-3000:]
+        assert "Handed kernel" in a.log_text()
 
         async def finished() -> list[dict[str, Any]] | None:
             records = await transcript(b, kernel_id)
@@ -313,13 +314,17 @@ async def test_a_node_stopped_gracefully_hands_its_kernels_over(cluster: Cluster
             return records if done and done[-1] == lines - 1 else None
 
         records = await until(finished, 120, "the flood to end in the transcript")
-        assert [(r["seq"], r["content"]) for r in records if r["msg_type"] == GAP] == []
-        assert numbers(records, msg_id) == list(range(lines))
+        gaps = [r for r in records if r["msg_type"] == GAP]
+        assert [g["content"]["reason"] for g in gaps] == ["owner_stopped"]
+        gap_seq = gaps[0]["seq"]
+        before = numbers([r for r in records if r["seq"] < gap_seq], msg_id)
+        after = numbers([r for r in records if r["seq"] > gap_seq], msg_id)
+        assert before == list(range(len(before)))
+        assert after == list(range(lines - len(after), lines))
+        print(f"lost in the hand-over: {lines - len(before) - len(after)} of {lines} lines")
         assert [r["seq"] for r in await transcript(c, kernel_id)] == [r["seq"] for r in records]
         events = await live.until(lambda ev: str(lines - 1) in stream_text(ev).split(), 60)
-        assert stream_text(
-            [e for e in events if e.data["parent_header"].get("msg_id") == msg_id]
-        ) == "".join(f"{i}\n" for i in range(lines))
+        assert any(e.event == GAP for e in events)
     finally:
         live.close()
         for node in (b, c):
