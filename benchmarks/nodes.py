@@ -176,6 +176,17 @@ async def _takeover(home: Path, prefix: str, how: signal.Signals = signal.SIGKIL
             if any(kernel["id"] == kernel_id for kernel in listed):
                 break
             await asyncio.sleep(0.05)
+        # The kernel up and recorded (one execution through the survivor) before the stop.
+        warm = await survivor.request(
+            "POST", f"/api/kernels/{kernel_id}/execute", {"code": "print('before')"}
+        )
+        for _ in range(600):
+            summary = await survivor.request(
+                "GET", f"/api/kernels/{kernel_id}/executions/{warm['msg_id']}"
+            )
+            if summary["status"] not in ("queued", "running"):
+                break
+            await asyncio.sleep(0.05)
         lease_key = f"{prefix}{tag}:{{{kernel_id}}}:lease"
         before = await client.get(lease_key)
         owner = servers[0]

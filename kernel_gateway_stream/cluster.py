@@ -162,7 +162,9 @@ class ClusterNode(LoggingConfigurable):
         released: dict[str, bool] = {}
         for kernel_id in list(self.leases):
             tap = self.taps.taps.get(kernel_id)
-            if tap is None or tap.closed or tap.following:
+            if tap is None or tap.closed or tap.following or not tap.ready.done():
+                # A kernel still starting dies with the server's shutdown: not handed over
+                # (the stop forgets it, and it leaves the directory).
                 continue
             left = max(0.1, deadline - loop.time())
             released[kernel_id] = await tap.release(quiet=0.2, timeout=min(5.0, left))
