@@ -229,11 +229,19 @@ def _make_gap(kernel_id: str, first: int, last: int, now: float) -> Record:
     return gap_record(kernel_id, first, last, "store_backlog_full", now=now, date=iso_date(now))
 
 
-def connect(url: str, **kwargs: Any) -> Any:
-    """An asyncio Redis client for ``url`` (hiredis parses replies when installed)."""
+def connect(url: str, *, pool_size: int | None = None, **kwargs: Any) -> Any:
+    """An asyncio Redis client for ``url`` (hiredis parses replies when installed). With
+    ``pool_size``, at most that many connections, a command waiting for one to be free
+    (redis-py's default pool raises "Too many connections" instead: 300 clients
+    connecting at once made it refuse their cursor lookups)."""
     import redis.asyncio as aioredis
 
-    return aioredis.Redis.from_url(url, **kwargs)
+    if pool_size is None:
+        return aioredis.Redis.from_url(url, **kwargs)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=pool_size, timeout=kwargs.pop("pool_timeout", 30), **kwargs
+    )
+    return aioredis.Redis(connection_pool=pool)
 
 
 class RedisTranscriptStore(TranscriptStore):
@@ -270,6 +278,12 @@ class RedisTranscriptStore(TranscriptStore):
         config=True,
         help="Sequence numbers reserved in Redis ahead of those written. A node taking over a "
         "kernel numbers on above the reservation, after a gap record for it.",
+    )
+    max_connections = Int(
+        32,
+        config=True,
+        help="Connections to Redis for requests (reads, writes, leases); a request waits for a "
+        "free one. The record bus has one more of its own.",
     )
     retry_interval = Float(
         0.5, config=True, help="Seconds before a failed write to Redis is tried again."
@@ -319,7 +333,9 @@ class RedisTranscriptStore(TranscriptStore):
         finally:
             probe.close()
         # Request/response traffic only: blocking reads have connections of their own.
-        self._redis = connect(self.url, socket_timeout=10, socket_connect_timeout=5)
+        self._redis = connect(
+            self.url, pool_size=self.max_connections, socket_timeout=10, socket_connect_timeout=5
+        )
         for name, source in (
             ("append", _APPEND),
             ("acquire", _ACQUIRE),
