@@ -212,33 +212,48 @@ async def _listed(node: Daemon, kernel_id: str) -> bool:
     return any(k["id"] == kernel_id for k in kernels)
 
 
-async def test_the_owner_sigkilled_mid_flood_is_taken_over(cluster: Cluster) -> None:
+LINES = 12000
+
+
+async def _flood_started_on_a(cluster: Cluster) -> tuple[Any, ...]:
+    """A kernel started on A, listed on B and C, flooding LINES lines (sent through B) with
+    an SSE client on B that has seen the first 2,000: ``a, b, c, kernel_id, live, msg_id``."""
     await cluster.wait_ready()
     a, b, c = (cluster.nodes[name] for name in "abc")
     kernel_id = await a.start_kernel()
     await until(lambda: _listed(b, kernel_id), 30, "the kernel on B")
     await until(lambda: _listed(c, kernel_id), 30, "the kernel on C")
     live = SSEReader(f"{b.url}/api/kernels/{kernel_id}/stream", b.headers)
-    lines = 12000
     code = (
-        f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.0002)"
+        f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.0002)"
     )
     started = await b.fetch(
         f"/api/kernels/{kernel_id}/execute", method="POST", body=json.dumps({"code": code})
     )
-    msg_id = started["msg_id"]
+    await live.until(lambda ev: len(stream_text(ev).split()) > 2000, 60)
+    return a, b, c, kernel_id, live, started["msg_id"]
+
+
+async def _flood_ended(node: Daemon, kernel_id: str, msg_id: str) -> list[dict[str, Any]]:
+    """The transcript, once it has the flood's last line."""
+
+    async def finished() -> list[dict[str, Any]] | None:
+        records = await transcript(node, kernel_id)
+        done = numbers(records, msg_id)
+        return records if done and done[-1] == LINES - 1 else None
+
+    records: list[dict[str, Any]] = await until(finished, 120, "the flood to end in the transcript")
+    return records
+
+
+async def test_the_owner_sigkilled_mid_flood_is_taken_over(cluster: Cluster) -> None:
+    a, b, c, kernel_id, live, msg_id = await _flood_started_on_a(cluster)
     try:
-        await live.until(lambda ev: len(stream_text(ev).split()) > 2000, 60)
         assert a.process is not None
         a.process.send_signal(signal.SIGKILL)  # the node only: its kernel runs on
         a.process.wait()
 
-        async def finished() -> list[dict[str, Any]] | None:
-            records = await transcript(b, kernel_id)
-            done = numbers(records, msg_id)
-            return records if done and done[-1] == lines - 1 else None
-
-        records = await until(finished, 120, "the flood to end in the transcript")
+        records = await _flood_ended(b, kernel_id, msg_id)
         # One explicit gap, where the owner died; lines on either side once, in order.
         gaps = [r for r in records if r["msg_type"] == GAP]
         assert [g["content"]["reason"] for g in gaps] == ["owner_lost"]
@@ -246,14 +261,14 @@ async def test_the_owner_sigkilled_mid_flood_is_taken_over(cluster: Cluster) -> 
         before = numbers([r for r in records if r["seq"] < gap_seq], msg_id)
         after = numbers([r for r in records if r["seq"] > gap_seq], msg_id)
         assert before == list(range(len(before)))
-        assert after == list(range(lines - len(after), lines))
-        lost = lines - len(before) - len(after)
+        assert after == list(range(LINES - len(after), LINES))
+        lost = LINES - len(before) - len(after)
         assert lost >= 0
-        print(f"lost in the takeover window: {lost} of {lines} lines")
+        print(f"lost in the takeover window: {lost} of {LINES} lines")
         # Every surviving node serves the same transcript.
         assert [r["seq"] for r in await transcript(c, kernel_id)] == [r["seq"] for r in records]
         # The client on B kept receiving: the gap, then the rest, live.
-        events = await live.until(lambda ev: str(lines - 1) in stream_text(ev).split(), 60)
+        events = await live.until(lambda ev: str(LINES - 1) in stream_text(ev).split(), 60)
         assert any(e.event == GAP for e in events)
         ids = [e.id for e in events if e.id is not None]
         assert ids == sorted(set(ids))
@@ -287,43 +302,24 @@ async def test_a_node_stopped_gracefully_hands_its_kernels_over(cluster: Cluster
     """SIGTERM of the recording node mid-flood: the kernel runs on, a survivor records it
     at its next pass (no lease to wait out), and what was in flight when the node let go is
     one explicit gap: every other line is there once, in order."""
-    await cluster.wait_ready()
-    a, b, c = (cluster.nodes[name] for name in "abc")
-    kernel_id = await a.start_kernel()
-    await until(lambda: _listed(b, kernel_id), 30, "the kernel on B")
-    await until(lambda: _listed(c, kernel_id), 30, "the kernel on C")
-    live = SSEReader(f"{b.url}/api/kernels/{kernel_id}/stream", b.headers)
-    lines = 12000
-    code = (
-        f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.0002)"
-    )
-    started = await b.fetch(
-        f"/api/kernels/{kernel_id}/execute", method="POST", body=json.dumps({"code": code})
-    )
-    msg_id = started["msg_id"]
+    a, b, c, kernel_id, live, msg_id = await _flood_started_on_a(cluster)
     try:
-        await live.until(lambda ev: len(stream_text(ev).split()) > 2000, 60)
         a.stop()  # SIGTERM: a graceful stop
         assert a.process is not None
         assert a.process.returncode == 0, a.log_text()[-3000:]
         assert "Handed kernel" in a.log_text()
 
-        async def finished() -> list[dict[str, Any]] | None:
-            records = await transcript(b, kernel_id)
-            done = numbers(records, msg_id)
-            return records if done and done[-1] == lines - 1 else None
-
-        records = await until(finished, 120, "the flood to end in the transcript")
+        records = await _flood_ended(b, kernel_id, msg_id)
         gaps = [r for r in records if r["msg_type"] == GAP]
         assert [g["content"]["reason"] for g in gaps] == ["owner_stopped"]
         gap_seq = gaps[0]["seq"]
         before = numbers([r for r in records if r["seq"] < gap_seq], msg_id)
         after = numbers([r for r in records if r["seq"] > gap_seq], msg_id)
         assert before == list(range(len(before)))
-        assert after == list(range(lines - len(after), lines))
-        print(f"lost in the hand-over: {lines - len(before) - len(after)} of {lines} lines")
+        assert after == list(range(LINES - len(after), LINES))
+        print(f"lost in the hand-over: {LINES - len(before) - len(after)} of {LINES} lines")
         assert [r["seq"] for r in await transcript(c, kernel_id)] == [r["seq"] for r in records]
-        events = await live.until(lambda ev: str(lines - 1) in stream_text(ev).split(), 60)
+        events = await live.until(lambda ev: str(LINES - 1) in stream_text(ev).split(), 60)
         assert any(e.event == GAP for e in events)
     finally:
         live.close()
