@@ -37,7 +37,7 @@ from .broker.base import Broker
 from .broker.memory import MemoryBroker
 from .broker.subscriber import ReplayLimits
 from .cluster import ClusterNode
-from .core.errors import GatewayStreamError, StoreUnavailable
+from .core.errors import GatewayStreamError, StoreUnavailable, UnsafeCluster
 from .core.health import ComponentHealth, State
 from .executions import ExecutionManager
 from .handlers.cells import CellsHandler
@@ -76,7 +76,13 @@ __all__ = ["GatewayStreamApp", "StartRefused", "StreamServerApp", "main"]
 
 DEFAULT_KM = "jupyter_server.services.kernels.kernelmanager.ServerKernelManager"
 #: Variables kept from kernels whatever the configuration (see GatewayStreamApp.secret_env_vars).
-ALWAYS_SECRET = ("JUPYTER_TOKEN", "JUPYTER_GATEWAY_AUTH_TOKEN", "KGS_TOKEN", "KGS_REDIS_URL")
+ALWAYS_SECRET = (
+    "JUPYTER_TOKEN",
+    "JUPYTER_GATEWAY_AUTH_TOKEN",
+    "KGS_TOKEN",
+    "KGS_REDIS_URL",
+    "KGS_CLUSTER_SECRET",
+)
 
 # Any id, so that an id of the wrong shape still gets a JSON 404 from us.
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
@@ -210,6 +216,20 @@ class GatewayStreamApp(ExtensionApp):
     @default("redis_url")
     def _default_redis_url(self) -> str:
         return os.environ.get("KGS_REDIS_URL", "")
+
+    cluster_secret = Unicode(
+        config=True,
+        help="Several nodes: the secret every node signs its URL and its kernels' directory "
+        "entries in Redis with, and checks the others' with (HMAC-SHA256), so that code that "
+        "reaches Redis cannot point a node at its own listener or have it attach a kernel of "
+        "its own. The same on every node, at least 16 characters; required with redis_url. "
+        "Defaults to the KGS_CLUSTER_SECRET environment variable (kept from kernels like "
+        "KGS_REDIS_URL): prefer it to a configuration file a kernel may read.",
+    )
+
+    @default("cluster_secret")
+    def _default_cluster_secret(self) -> str:
+        return os.environ.get("KGS_CLUSTER_SECRET", "")
 
     transcript_store_class = Type(
         default_value=SQLiteTranscriptStore,
@@ -373,8 +393,10 @@ class GatewayStreamApp(ExtensionApp):
         assert serverapp.event_logger is not None
         daemon = isinstance(serverapp, StreamServerApp)
         token = serverapp.identity_provider.token
-        # Read before the secrets leave the environment (KGS_REDIS_URL is one of them).
+        # Read before the secrets leave the environment (KGS_REDIS_URL and
+        # KGS_CLUSTER_SECRET are among them).
         redis_url = self.redis_url
+        cluster_secret = self.cluster_secret if redis_url else ""
         self._route_logs(token)
         self._log_setup = LogSetup(
             [serverapp.log, self.log], json_lines=self.log_json, path=self.log_file
@@ -422,8 +444,14 @@ class GatewayStreamApp(ExtensionApp):
         self.cluster: ClusterNode | None = None
         if isinstance(self.store, RedisTranscriptStore):
             self.cluster = ClusterNode(
-                self.store, self.taps, self.attacher, kernel_manager, parent=self, log=self.log
-            )
+                self.store, self.taps, self.attacher, kernel_manager, cluster_secret,
+                parent=self, log=self.log,
+            )  # fmt: skip
+            self.cluster.hide_password_from_arguments()
+            try:
+                self.cluster.refuse_unsafe_start()
+            except UnsafeCluster as error:
+                raise StartRefused(str(error)) from error
             self.taps.cluster = self.cluster
             self.cluster.token = token
             if not self.cluster.url:

@@ -23,29 +23,51 @@ Every node runs a :class:`ClusterNode` when ``GatewayStreamApp.redis_url`` is se
   gap record for the numbers the old owner may have given out unwritten and for what the
   kernel printed while nobody read its IOPub (``owner_lost``, an unknown count), and
   reads the kernel's IOPub itself from there (:meth:`.tap.KernelTap.promote`).
+* **Trust.** Code in a kernel may reach Redis. A node refuses to start without a cluster
+  secret, or on a Redis that answers a client giving no password (unless
+  ``allow_unauthenticated_redis``); it signs its URL and its kernels' directory entries
+  with the secret, and acts on no entry that does not check: a request is forwarded, with
+  the gateway's token, only to a URL a node signed (:mod:`.stores.redis_trust`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import socket
+import sys
 import time
 import uuid
 from typing import Any
 
-from traitlets import Float, Unicode
+from traitlets import Bool, Float, Unicode
 from traitlets.config import LoggingConfigurable
 
-from .core.errors import KernelOnAnotherNode, LocalError, MalformedMessage
+from .core.errors import (
+    KernelOnAnotherNode,
+    LocalError,
+    MalformedMessage,
+    NodeNotTrusted,
+    UnsafeCluster,
+    UntrustedEntry,
+)
 from .core.health import ComponentHealth, State
 from .kernels.attached import Attachment
 from .stores.redis import RedisTranscriptStore, connect, entry_id, record_of_entry, seq_of
+from .stores.redis_trust import (
+    EntrySigner,
+    answers_without_credentials,
+    password_of,
+    redact_url,
+    wipe_from_arguments,
+)
 
 __all__ = ["ClusterNode"]
+
+#: The shortest cluster secret a node starts with (characters).
+MIN_SECRET_LENGTH = 16
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -79,6 +101,16 @@ class ClusterNode(LoggingConfigurable):
         "host's name when it listens on every address>:<port><base_url>. Every node must "
         "accept the others' token: give all nodes the same one.",
     )
+    allow_unauthenticated_redis = Bool(
+        False,
+        config=True,
+        help="Start even though Redis answers a client that gives no password (no "
+        "requirepass, or an ACL whose default user needs none). Code in a kernel that reaches "
+        "Redis can then delete and rewrite transcripts, take kernels' leases and stop nodes "
+        "recording them, and read every kernel's output: only for a Redis no kernel can reach "
+        "(another network, a firewall). Node and directory entries are signed with the "
+        "cluster secret either way, so such code cannot redirect a node's requests.",
+    )
     bus_block = Float(
         0.5,
         config=True,
@@ -92,10 +124,14 @@ class ClusterNode(LoggingConfigurable):
         taps: Any,
         attacher: Any,
         kernel_manager: Any,
+        secret: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.store = store
+        self._secret_length = len(secret)
+        self.signer = EntrySigner(secret.encode())
+        store.signer = self.signer
         self.taps = taps
         self.attacher = attacher
         self.kernel_manager = kernel_manager
@@ -119,6 +155,54 @@ class ClusterNode(LoggingConfigurable):
         store.on_fenced.append(self._fenced)
         store.reacquire = self._reacquire
         taps.on_close(self._tap_closed)
+
+    # -- trust -----------------------------------------------------------------------
+
+    def refuse_unsafe_start(self) -> None:
+        """Called by the application before the node starts: the start is refused without
+        a cluster secret, and on a Redis that answers a client giving no password unless
+        :attr:`allow_unauthenticated_redis`.
+
+        Raises:
+            UnsafeCluster: the start is refused (the message says why, in one line).
+        """
+        if self._secret_length < MIN_SECRET_LENGTH:
+            raise UnsafeCluster(
+                "several nodes need a cluster secret of at least "
+                f"{MIN_SECRET_LENGTH} characters, the same on every node: set the "
+                "KGS_CLUSTER_SECRET environment variable (or GatewayStreamApp.cluster_secret)"
+            )
+        where = redact_url(self.store.url)
+        open_to_all = answers_without_credentials(self.store.url, self.store.keys.nodes)
+        if open_to_all is False:
+            return
+        what = "answers" if open_to_all else "could not be asked whether it answers"
+        if not self.allow_unauthenticated_redis:
+            raise UnsafeCluster(
+                f"refusing to run as one node of several: Redis at {where} {what} a client "
+                "that gives no password, so code in a kernel could rewrite the cluster's "
+                "state: give Redis a password (requirepass or an ACL) and put it in "
+                "KGS_REDIS_URL, or set --ClusterNode.allow_unauthenticated_redis=True"
+            )
+        self.log.warning(
+            "Redis at %s %s a client that gives no password (allow_unauthenticated_redis): "
+            "code in a kernel that reaches it can rewrite transcripts and leases",
+            where, what,
+        )  # fmt: skip
+
+    def hide_password_from_arguments(self) -> None:
+        """Redis's password given on the command line (``--GatewayStreamApp.redis_url``) is
+        readable by every local user (``/proc/<pid>/cmdline``, ``ps``): overwrite it there
+        (Linux) and say to use the environment instead. Called by the application."""
+        password = password_of(self.store.url)
+        if not password or not any(password in argument for argument in sys.argv):
+            return
+        wiped = wipe_from_arguments([password])
+        self.log.warning(
+            "Redis's password was given on the command line, where every local user can "
+            "read it%s: give the URL in the KGS_REDIS_URL environment variable instead",
+            " (overwritten in this process's arguments now, visible until then)" if wiped else "",
+        )  # fmt: skip
 
     # -- ownership -------------------------------------------------------------------
 
@@ -245,7 +329,7 @@ class ClusterNode(LoggingConfigurable):
         """One pass: renew this node's leases, follow new kernels, take over kernels whose
         owner is gone, let go of kernels that left the directory."""
         if self.url:
-            await self.store.redis.hset(self.store.keys.nodes, self.node, self.url)
+            await self.store.save_node(self.node, self.url)
         for kernel_id, value in list(self.leases.items()):
             renewed = await self.store.renew(kernel_id, value, self.lease_ttl)
             if not renewed and not await self._reacquire(kernel_id):
@@ -276,9 +360,9 @@ class ClusterNode(LoggingConfigurable):
         if not _UUID.fullmatch(kernel_id):
             return
         try:
-            data = await self.store.redis.hget(self.store.keys.kernels, kernel_id)
-            if data is not None:
-                await self._join(kernel_id, json.loads(data))
+            link = await self.store.load_link(kernel_id)
+            if link is not None:
+                await self._join(kernel_id, link)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # unreachable, or not joinable now: 404 as unknown
@@ -413,17 +497,31 @@ class ClusterNode(LoggingConfigurable):
         self, kernel_id: str, method: str, path: str, body: bytes | None = None
     ) -> tuple[int, bytes, str]:
         """Send ``method path`` to the node recording ``kernel_id`` (with this node's token:
-        the request was authenticated and authorized here); its status, body and type.
+        the request was authenticated and authorized here); its status, body and type. The
+        node's URL is read from Redis and used only if its entry is signed with the
+        cluster secret.
 
         Raises:
             KernelOnAnotherNode: no node records it right now (a takeover is under way),
                 or that node does not answer.
+            NodeNotTrusted: that node's entry is not signed with the cluster secret:
+                nothing was sent.
         """
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
         holder = await self.store.holder(kernel_id)
         node = holder.rpartition(":")[0] if holder else None
-        url = await self.store.redis.hget(self.store.keys.nodes, node) if node else None
+        try:
+            url = await self.store.node_url(node) if node and node != self.node else None
+        except UntrustedEntry as error:
+            self.log.error(
+                "Kernel %s: not forwarding %s %s to node %r: %s",
+                kernel_id, method, path, node, error, extra={"kernel_id": kernel_id},
+            )  # fmt: skip
+            raise NodeNotTrusted(
+                f"the entry in Redis of the node recording kernel {kernel_id} is not signed "
+                "with the cluster secret: the request was not forwarded"
+            ) from error
         if node is None or url is None:
             raise KernelOnAnotherNode(
                 f"no node records kernel {kernel_id} right now (a takeover is under way): "
@@ -432,7 +530,7 @@ class ClusterNode(LoggingConfigurable):
         headers = {"Authorization": f"token {self.token}"} if self.token else {}
         if body is not None:
             headers["Content-Type"] = "application/json"
-        target = url.decode().rstrip("/") + path
+        target = url.rstrip("/") + path
         try:
             response = await AsyncHTTPClient().fetch(
                 target,

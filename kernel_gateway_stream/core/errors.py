@@ -15,13 +15,17 @@ The tree::
     │   ├── ExecutionNotRunning    interrupt of an execution that is not running (409)
     │   ├── KernelNotOwned         restart of a kernel the gateway did not start (409)
     │   ├── KernelExists           attach under the id of a kernel it has        (409)
+    │   ├── KernelOnAnotherNode    another node records the kernel; it does not answer (409)
+    │   │   └── NodeNotTrusted     that node's entry in Redis is not signed: not forwarded (502)
     │   └── PayloadTooLarge        a request body over the configured limit      (413)
     ├── RemoteError                a peer (kernel or client) sent something invalid
     │   ├── MalformedMessage       bytes or JSON that do not form a message
     │   │   └── InvalidMessage     correctly signed, yet not a message (recorded as a
     │   │                          placeholder, so it keeps its sequence number)
-    │   └── BadSignature           an HMAC that does not match the session key
+    │   ├── BadSignature           an HMAC that does not match the session key
+    │   └── UntrustedEntry         an entry read from Redis not signed with the cluster secret
     ├── StoreUnavailable           the transcript store cannot be opened or written
+    ├── UnsafeCluster              several nodes configured without Redis's protections
     └── ClientError                raised by the Python client (kernel_gateway_stream.client)
         ├── AuthenticationError    the gateway refused the token (401/403)
         ├── NotFound               unknown kernel or execution (404)
@@ -51,10 +55,12 @@ __all__ = [
     "KernelExists",
     "KernelNotAnswering",
     "KernelNotOwned",
+    "KernelOnAnotherNode",
     "LocalError",
     "MalformedMessage",
     "MethodNotAllowed",
     "NoInputPending",
+    "NodeNotTrusted",
     "NotFound",
     "PayloadTooLarge",
     "RemoteError",
@@ -62,6 +68,8 @@ __all__ = [
     "StoreUnavailable",
     "UnknownExecution",
     "UnknownKernel",
+    "UnsafeCluster",
+    "UntrustedEntry",
 ]
 
 
@@ -126,6 +134,15 @@ class KernelOnAnotherNode(LocalError):
     reason = "kernel_on_another_node"
 
 
+class NodeNotTrusted(KernelOnAnotherNode):
+    """Several nodes: the entry of the node recording the kernel (its URL, in Redis) is not
+    signed with the cluster secret, so the request, which would carry the gateway's token,
+    was not forwarded anywhere (something that is not a node wrote the entry)."""
+
+    status = 502
+    reason = "node_entry_not_trusted"
+
+
 class KernelExists(LocalError):
     """A kernel with that id is already known to the gateway."""
 
@@ -187,6 +204,12 @@ class PayloadTooLarge(LocalError):
 class StoreUnavailable(GatewayStreamError):
     """The transcript store cannot be opened or written (a path that cannot be created,
     a read-only database, ...); raised at start-up, where it stops the start."""
+
+
+class UnsafeCluster(GatewayStreamError):
+    """Several nodes configured without what makes Redis a boundary against kernel code (a
+    cluster secret; a Redis that asks for a password); raised at start-up, where it stops
+    the start."""
 
 
 class ClientError(GatewayStreamError):
@@ -255,3 +278,9 @@ class InvalidMessage(MalformedMessage):
 
 class BadSignature(RemoteError):
     """A kernel message whose HMAC signature does not match the session key."""
+
+
+class UntrustedEntry(RemoteError):
+    """An entry read from Redis that the nodes would act on (a node's URL, a kernel's
+    connection info) is not signed with the cluster secret: something other than a node
+    wrote it (see :mod:`..stores.redis_trust`)."""

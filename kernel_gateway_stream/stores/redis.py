@@ -10,8 +10,12 @@ Keys, all of one kernel in one hash slot (``{kernel_id}`` is a Redis Cluster has
     <prefix>{K}:lease    string: ``<node>:<token>`` of the node that records the kernel
     <prefix>{K}:fence    counter: the fencing token, one more at every acquisition
     <prefix>{K}:cursors  hash: session id -> last seq sent
-    <prefix>kernels      hash: kernel id -> how to reach it (the kernel directory)
-    <prefix>nodes        hash: node name -> its URL (for requests only the owner serves)
+    <prefix>kernels      hash: kernel id -> how to reach it (the kernel directory), signed
+    <prefix>nodes        hash: node name -> its URL (for requests only the owner serves), signed
+
+The directory's and the nodes' entries are signed with the cluster secret, and one that
+does not check is never acted on (:mod:`.redis_trust`): code that reaches Redis cannot
+point a node at its own listener or have it attach a kernel of its own.
 
 An entry's fields: ``r``, the record in the codec of :mod:`..core.records` (shared with
 SQLite); ``p``, ``pi`` and ``pt``, its parent header and that header's msg_id and msg_type
@@ -43,7 +47,7 @@ from typing import Any
 
 from traitlets import Float, Int, Unicode
 
-from ..core.errors import MalformedMessage, StoreUnavailable
+from ..core.errors import MalformedMessage, StoreUnavailable, UntrustedEntry
 from ..core.health import ComponentHealth, State
 from ..core.marks import gap_record, is_mark
 from ..core.messages import Record, load_json_object
@@ -51,6 +55,7 @@ from ..core.records import NO_PARENT, ParentHeader, decode_chunk, encode_record
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
 from .pending import PendingBuffer
 from .query import Query
+from .redis_trust import EntrySigner, redact_url
 from .sqlite import iso_date
 
 __all__ = ["Fenced", "RedisKeys", "RedisTranscriptStore", "entry_id", "record_of_entry"]
@@ -309,6 +314,10 @@ class RedisTranscriptStore(TranscriptStore):
         self.reacquire: Any = None
         #: Kernels taken over after a clean hand-over (no gap: the kernel held its output).
         self.handed_over: set[str] = set()
+        #: Signs the directory's and the nodes' entries (set by the cluster node).
+        self.signer: EntrySigner | None = None
+        #: Directory entries refused, as last read (each is logged once).
+        self._refused: dict[str, bytes] = {}
         self._redis: Any = None
         self._writer: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -329,7 +338,8 @@ class RedisTranscriptStore(TranscriptStore):
         try:
             probe.ping()
         except redis.RedisError as error:
-            raise StoreUnavailable(f"cannot reach Redis at {_redact(self.url)}: {error}") from error
+            where = redact_url(self.url)
+            raise StoreUnavailable(f"cannot reach Redis at {where}: {error}") from error
         finally:
             probe.close()
         # Request/response traffic only: blocking reads have connections of their own.
@@ -474,7 +484,49 @@ class RedisTranscriptStore(TranscriptStore):
         if link is None:
             self._background(self._redis.hdel(self.keys.kernels, kernel_id))
         else:
-            self._background(self._redis.hset(self.keys.kernels, kernel_id, json.dumps(link)))
+            entry = self._signer().sign("kernel", kernel_id, json.dumps(link).encode())
+            self._background(self._redis.hset(self.keys.kernels, kernel_id, entry))
+
+    def _signer(self) -> EntrySigner:
+        if self.signer is None:
+            raise RuntimeError("the cluster node gives the Redis store its signer")
+        return self.signer
+
+    def _open_link(self, kernel_id: str, data: bytes) -> dict[str, Any] | None:
+        """The directory entry ``data`` of ``kernel_id``, checked; None (logged once per
+        entry) if it is not signed with the cluster secret or not a JSON object."""
+        try:
+            link = json.loads(self._signer().open("kernel", kernel_id, data))
+        except (UntrustedEntry, ValueError) as error:
+            if self._refused.get(kernel_id) != data:
+                self.log.error(
+                    "Kernel %s of the directory in Redis is not attached: %s",
+                    kernel_id, error, extra={"kernel_id": kernel_id},
+                )  # fmt: skip
+            self._refused[kernel_id] = data
+            return None
+        return link if isinstance(link, dict) else None
+
+    async def load_link(self, kernel_id: str) -> dict[str, Any] | None:
+        """``kernel_id``'s directory entry, if it has one signed with the cluster secret."""
+        data = await self._redis.hget(self.keys.kernels, kernel_id)
+        return None if data is None else self._open_link(kernel_id, data)
+
+    async def save_node(self, node: str, url: str) -> None:
+        """Publish ``node``'s URL, signed, for the others to forward requests to."""
+        entry = self._signer().sign("node", node, url.encode())
+        await self._redis.hset(self.keys.nodes, node, entry)
+
+    async def node_url(self, node: str) -> str | None:
+        """``node``'s URL, or None if it has none.
+
+        Raises:
+            UntrustedEntry: its entry is not signed with the cluster secret.
+        """
+        data = await self._redis.hget(self.keys.nodes, node)
+        if data is None:
+            return None
+        return self._signer().open("node", node, data).decode()
 
     def save_cursor(self, kernel_id: str, session_id: str, seq: int) -> None:
         self._cursors[(kernel_id, session_id)] = seq
@@ -704,15 +756,15 @@ class RedisTranscriptStore(TranscriptStore):
         return int(value) if value is not None else None
 
     async def load_links(self) -> dict[str, dict[str, Any]]:
+        """The kernel directory: every entry signed with the cluster secret (the others
+        are left out, each logged once)."""
         raw = await self._redis.hgetall(self.keys.kernels)
         links: dict[str, dict[str, Any]] = {}
-        for kernel_id, data in raw.items():
-            try:
-                link = json.loads(data)
-            except ValueError:
-                continue
-            if isinstance(link, dict):
-                links[kernel_id.decode()] = link
+        for key, data in raw.items():
+            kernel_id = key.decode(errors="replace")
+            link = self._open_link(kernel_id, data)
+            if link is not None:
+                links[kernel_id] = link
         return links
 
     # -- health --------------------------------------------------------------------
@@ -720,7 +772,7 @@ class RedisTranscriptStore(TranscriptStore):
     def health(self) -> ComponentHealth:
         pending = self.pending.stats()
         details = {
-            "redis": _redact(self.url),
+            "redis": redact_url(self.url),
             "pending_records": pending.records,
             "pending_bytes": pending.bytes,
             "max_pending_bytes": pending.max_bytes,
@@ -747,13 +799,3 @@ def _float(value: Any) -> float | None:
         return float(value)
     except ValueError:
         return None
-
-
-def _redact(url: str) -> str:
-    """``url`` without its password."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    auth, _, host = rest.rpartition("@")
-    user = auth.partition(":")[0]
-    return f"{scheme}://{user + ':***@' if user else '***@'}{host}"

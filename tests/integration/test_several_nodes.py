@@ -6,7 +6,10 @@ flood: the transcript is the same on every node, every line is there once and in
 except inside one explicit gap record, and a client on B keeps receiving throughout.
 
 Redis's URL comes from KGS_TEST_REDIS_URL (.ci/run sets it); with CI set and no URL the
-tests fail instead of skipping.
+tests fail instead of skipping. That Redis asks for no password (it is shared by the
+suite): the nodes are told that is on purpose (``allow_unauthenticated_redis``), and share
+a cluster secret (tests/security/test_redis_boundary.py runs nodes on a Redis of its own
+that asks for one).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from .sseclient import SSEReader, stream_text
 pytestmark = pytest.mark.timeout(300)
 
 GAP = "kernel_gateway_stream_gap"
+#: The cluster secret the test nodes share.
+CLUSTER_SECRET = "several-nodes-test-cluster-secret"
 
 
 def redis_url() -> str:
@@ -58,7 +63,8 @@ class Cluster:
                 # Long enough that a node slowed down by the machine's load still renews.
                 f"--ClusterNode.lease_ttl={seconds(2)}",
                 "--ClusterNode.sync_interval=0.3",
-                env={"KGS_REDIS_URL": self.url},
+                "--ClusterNode.allow_unauthenticated_redis=True",
+                env={"KGS_REDIS_URL": self.url, "KGS_CLUSTER_SECRET": CLUSTER_SECRET},
             )
 
     async def wait_ready(self) -> None:
