@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import ipaddress
 import logging
 import os
@@ -65,7 +67,12 @@ from .kernels.attaching import KernelAttacher
 from .kernels.zmq_kernel import KernelSockets
 from .logs import LogSetup
 from .memory import HeapTrimmer
-from .secrets import RedactingFilter, forbid_dumping, remove_secrets_from_environment
+from .secrets import (
+    RedactingFilter,
+    forbid_dumping,
+    login_cookie_key,
+    remove_secrets_from_environment,
+)
 from .stores.base import TranscriptStore
 from .stores.redis import RedisTranscriptStore
 from .stores.sqlite import SQLiteTranscriptStore
@@ -151,6 +158,19 @@ class StreamServerApp(ServerApp):
     @default("reraise_server_extension_failures")
     def _default_reraise(self) -> bool:
         return True  # without the gateway, the daemon is not worth running
+
+    @default("cookie_secret")
+    def _default_cookie_secret(self) -> bytes:
+        """Held in memory and never written: jupyter_server keeps its cookie secret in
+        ``<runtime dir>/jupyter_cookie_secret``, where a kernel running as the same user
+        reads it and signs itself a login cookie. Derived from the token (so that a new
+        token ends every cookie signed under the old one), else random for this run; the
+        password, if any, is mixed in as jupyter_server does."""
+        key = login_cookie_key(self.identity_provider.token)
+        digest = hmac.new(key, digestmod=hashlib.sha256)
+        digest.update(self.password.encode())
+        digest = self.identity_provider.cookie_secret_hook(digest)
+        return digest.digest()
 
     def server_info(self) -> dict[str, Any]:
         """As jupyter_server's, without the token: kernels can read the runtime directory."""

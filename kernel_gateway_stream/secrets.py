@@ -13,7 +13,10 @@ token (DESIGN, "Trust"):
 * the daemon marks itself not dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so a kernel
   running as the same user cannot read its memory or environment through ``/proc`` or
   ``ptrace`` (root can: run kernels as an unprivileged user);
-* the daemon's server-info file in the runtime directory omits the token.
+* the daemon's server-info file in the runtime directory omits the token, and its login
+  cookies are signed with a secret held in memory (:func:`login_cookie_key`), not with
+  jupyter_server's ``jupyter_cookie_secret`` file, from which a kernel could sign itself a
+  cookie.
 
 What remains (README, "Trust"): a kernel running as the gateway's own user can read the
 files that user can read, the gateway's configuration file included. Keep the token in
@@ -28,13 +31,20 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import hmac
 import logging
 import os
 import re
 import sys
 from collections.abc import Collection
 
-__all__ = ["RedactingFilter", "forbid_dumping", "remove_secrets_from_environment"]
+__all__ = [
+    "RedactingFilter",
+    "forbid_dumping",
+    "login_cookie_key",
+    "remove_secrets_from_environment",
+]
 
 _PR_SET_DUMPABLE = 4
 
@@ -74,6 +84,15 @@ def _wipe_initial_environment(values: Collection[str]) -> None:
         while offset != -1 and encoded:
             ctypes.memset(start + offset, ord("x"), len(encoded))
             offset = block.find(encoded, offset + len(encoded))
+
+
+def login_cookie_key(token: str) -> bytes:
+    """The key the daemon's login cookies are signed with: derived from ``token`` (a
+    cookie is then worth what the token is, and ends with it), or random for this run
+    when there is no token. It exists only in the daemon's memory."""
+    if not token:
+        return os.urandom(32)
+    return hmac.new(token.encode(), b"kernel_gateway_stream login cookie", hashlib.sha256).digest()
 
 
 def forbid_dumping() -> bool:
