@@ -16,7 +16,6 @@ import uuid
 from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
-from tornado.web import create_signed_value
 
 from kernel_gateway_stream.secrets import login_cookie_key
 
