@@ -16,21 +16,39 @@ For each kernel, :class:`NetnsProvisioner`
   one gateway or several, never get the same /30;
 * writes the connection file with the kernel's address and ports of its own (the
   namespace is empty: any port is free there), so the kernel binds only there;
-* runs the kernelspec's command as ``ip netns exec <namespace> <argv>``. ``ip`` enters the
-  namespace and then *execs* the command: the process the provisioner holds is the kernel,
-  and signals (interrupt, terminate, kill) reach it and its process group directly;
+* runs the kernelspec's command as ``ip netns exec <namespace> python netns_enter.py ...
+  <argv>``. ``ip`` enters the namespace; :mod:`.netns_enter`, still root, exposes the
+  kernel's interpreter if an unsearchable directory hides it and execs ``setpriv``, which
+  drops to the kernel's own user and execs the command. Each step *execs* the next: the
+  process the provisioner holds is the kernel, and signals (interrupt, terminate, kill)
+  reach it and its process group directly;
+* runs that command as a user of its own, ``uid_base + n`` and ``gid_base + n`` for the
+  n-th /30 of the pool (no two live kernels on the host share one), with no supplementary
+  groups, no capabilities in any set and no_new_privs: the kernel cannot enter another
+  namespace (``nsenter`` needs ``CAP_SYS_ADMIN``), change its network (``CAP_NET_ADMIN``)
+  or signal, trace or read another kernel. Its home and working directory is
+  ``<runtime_directory>/<namespace>/home`` (its own, mode 0700), and it reads a copy of
+  its connection file in ``<runtime_directory>/<namespace>`` (root's, readable by its
+  group only);
+* loads an nftables table into the namespace (root's: the kernel cannot change it) whose
+  input accepts only new TCP connections to the kernel's five ports, and whose output
+  accepts only the replies of connections made to the kernel: whatever the kernel itself
+  tries to reach through the veth pair (the host's services bound to 0.0.0.0, the
+  gateway's own port) is dropped;
 * sets ``watch_heartbeat`` on its kernel manager: the gateway then pings the kernel's
   heartbeat port and reports the kernel ``unreachable`` while the link does not carry it.
 
 A restart keeps the namespace, the veth pair and the addresses: the kernel comes back at
 the same address and ports. The final cleanup (``cleanup(restart=False)``, which jupyter
 calls after a shutdown and after a kernel died for good) kills whatever still runs in the
-namespace, deletes the veth pair and then the namespace; it may be called any number of
-times. A gateway killed with SIGKILL cleans up nothing: its kernels run on (see
-``StreamKernelManager.outlive_gateway``) and so do their namespaces.
+namespace and every process of the kernel's user, deletes the veth pair, the namespace and
+the kernel's directory; it may be called any number of times. A gateway killed with SIGKILL
+cleans up nothing: its kernels run on (see ``StreamKernelManager.outlive_gateway``) and so
+do their namespaces.
 
-It needs root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``) and iproute2's ``ip``; without them
-it refuses to start a kernel with a one-line :class:`RuntimeError`.
+It needs root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``), iproute2's ``ip``, util-linux's
+``setpriv`` and ``nft`` (nftables); without them it refuses to start a kernel with a
+one-line :class:`RuntimeError`.
 
 Install a kernelspec that uses it with :func:`install_netns_kernelspec`, or::
 
@@ -42,6 +60,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import json
@@ -50,6 +69,7 @@ import random
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -62,28 +82,37 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.manager import KernelManager
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
-from traitlets import TraitError, Unicode, validate
+from traitlets import Int, List, TraitError, Unicode, default, validate
 
 __all__ = [
     "DEFAULT_DISPLAY_NAME",
     "DEFAULT_KERNEL_NAME",
     "DEFAULT_SUBNET_POOL",
+    "DEFAULT_UID_BASE",
     "PROVISIONER_NAME",
     "KernelNetwork",
+    "KernelUser",
     "NetnsProvisioner",
+    "apply_firewall",
     "build_network",
     "choose_ports",
     "choose_subnet",
     "create_network",
     "delete_network",
+    "firewall_ruleset",
     "host_interface_name",
     "host_networks",
     "install_netns_kernelspec",
+    "kernel_user",
+    "kill_user_processes",
     "main",
     "namespace_name",
     "namespaces",
     "netns_kernelspec",
     "parse_pool",
+    "prepare_kernel_directory",
+    "remove_kernel_directory",
+    "require_command",
     "require_netns_support",
 ]
 
@@ -92,6 +121,11 @@ PROVISIONER_NAME = "netns-provisioner"
 DEFAULT_KERNEL_NAME = "python3-netns"
 DEFAULT_DISPLAY_NAME = "Python 3 (own network namespace)"
 DEFAULT_SUBNET_POOL = "10.213.0.0/16"
+#: The first of the kernels' users and groups: 0x70000000, above the ranges that systemd
+#: gives to users, dynamic users and containers (systemd's "UIDs and GIDs" document).
+DEFAULT_UID_BASE = 0x70000000
+#: The nftables table loaded into each kernel's namespace.
+FIREWALL_TABLE = "kernel_gateway_stream"
 
 #: Each kernel's link: network, host side, kernel side, broadcast.
 _LINK_PREFIX = 30
@@ -102,6 +136,20 @@ _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_por
 _PORT_RANGE = range(20000, 32000)
 _IP_TIMEOUT = 30.0
 _KERNEL_NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)
+_ENTER_SCRIPT = str(Path(__file__).with_name("netns_enter.py"))
+_CONNECTION_FILE_NAME = "connection.json"
+#: Variables that would point the kernel at directories of the gateway's user; without
+#: them Jupyter and IPython use the kernel's own home.
+_HOME_VARIABLES = (
+    "IPYTHONDIR",
+    "JUPYTER_CONFIG_DIR",
+    "JUPYTER_DATA_DIR",
+    "JUPYTER_RUNTIME_DIR",
+    "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_RUNTIME_DIR",
+)
 
 
 # -- names and addresses (pure) ---------------------------------------------------------
@@ -126,11 +174,17 @@ def _short_id(kernel_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class KernelNetwork:
-    """One kernel's namespace, veth pair and /30."""
+    """One kernel's namespace, veth pair and /30, and the user the kernel runs as there
+    (None until the provisioner has chosen it).
+
+    :meth:`as_dict` is what the gateway keeps to re-attach the kernel after a restart and
+    to delete all of this (:func:`delete_network`) once the kernel is shut down.
+    """
 
     namespace: str
     host_interface: str
     subnet: ipaddress.IPv4Network
+    user: KernelUser | None = None
 
     @property
     def host_address(self) -> str:
@@ -147,15 +201,20 @@ class KernelNetwork:
         return cls(namespace_name(kernel_id), host_interface_name(kernel_id), subnet)
 
     def as_dict(self) -> dict[str, str]:
-        return {
+        data = {
             "namespace": self.namespace,
             "host_interface": self.host_interface,
             "subnet": str(self.subnet),
         }
+        if self.user is not None:
+            data.update(self.user.as_dict())
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, str]) -> KernelNetwork:
-        return cls(data["namespace"], data["host_interface"], ipaddress.IPv4Network(data["subnet"]))
+        user = KernelUser.from_dict(data) if "uid" in data else None
+        subnet = ipaddress.IPv4Network(data["subnet"])
+        return cls(data["namespace"], data["host_interface"], subnet, user)
 
 
 def parse_pool(pool: str) -> ipaddress.IPv4Network:
@@ -189,6 +248,88 @@ def choose_ports(count: int) -> list[int]:
     return random.SystemRandom().sample(_PORT_RANGE, count)
 
 
+@dataclass(frozen=True, slots=True)
+class KernelUser:
+    """The user and group a kernel runs as, and its directory.
+
+    ``directory`` (root's, mode 0750, group ``gid``) holds the copy of the connection file
+    the kernel reads and ``home``, the kernel's home and working directory (``uid``'s,
+    mode 0700).
+    """
+
+    uid: int
+    gid: int
+    directory: str
+
+    @property
+    def home(self) -> str:
+        return os.path.join(self.directory, "home")
+
+    @property
+    def connection_file(self) -> str:
+        return os.path.join(self.directory, _CONNECTION_FILE_NAME)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"uid": str(self.uid), "gid": str(self.gid), "directory": self.directory}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, str]) -> KernelUser:
+        return cls(int(data["uid"]), int(data["gid"]), str(data["directory"]))
+
+
+def kernel_user(
+    network: KernelNetwork,
+    pool: ipaddress.IPv4Network,
+    uid_base: int,
+    gid_base: int,
+    runtime_directory: str,
+) -> KernelUser:
+    """The user of the kernel on ``network``: ``uid_base + n`` and ``gid_base + n`` for
+    the n-th /30 of ``pool``. A /30 belongs to one live kernel on the host, so does its
+    user.
+
+    Raises:
+        ValueError: ``network`` is not in ``pool``, or the uid or gid would be 0 or
+            beyond 2**31 - 2.
+    """
+    if not network.subnet.subnet_of(pool):
+        raise ValueError(f"kernel network {network.subnet} is not in subnet pool {pool}")
+    index = (int(network.subnet.network_address) - int(pool.network_address)) >> (32 - _LINK_PREFIX)
+    uid, gid = uid_base + index, gid_base + index
+    for name, value in (("uid", uid), ("gid", gid)):
+        if not 0 < value < 2**31 - 1:
+            raise ValueError(f"kernel {name} {value} is out of range (1 to 2**31 - 2)")
+    return KernelUser(uid, gid, os.path.join(runtime_directory, network.namespace))
+
+
+def firewall_ruleset(ports: Iterable[int]) -> str:
+    """The nftables script for a kernel's namespace whose kernel listens on ``ports``.
+
+    Input: loopback, replies, and new TCP connections to ``ports`` through the veth pair.
+    Output: loopback and replies only, so a connection the kernel opens is dropped (its
+    ``connect`` fails at once with EPERM). The ``inet`` family covers IPv6 too (the veth
+    pair has link-local addresses). Loading it replaces the table whole, atomically.
+    """
+    listed = ", ".join(str(port) for port in sorted(set(ports)))
+    return (
+        f"table inet {FIREWALL_TABLE} {{}}\n"
+        f"delete table inet {FIREWALL_TABLE}\n"
+        f"table inet {FIREWALL_TABLE} {{\n"
+        "  chain input {\n"
+        "    type filter hook input priority filter; policy drop;\n"
+        '    iif "lo" accept\n'
+        "    ct state established,related accept\n"
+        f'    iifname "{_NAMESPACE_INTERFACE}" tcp dport {{ {listed} }} ct state new accept\n'
+        "  }\n"
+        "  chain output {\n"
+        "    type filter hook output priority filter; policy drop;\n"
+        '    oif "lo" accept\n'
+        "    ct state established,related accept\n"
+        "  }\n"
+        "}\n"
+    )
+
+
 # -- the host's network (blocking: call from a thread) -----------------------------------
 
 
@@ -207,6 +348,21 @@ def require_netns_support(ip_command: str = "ip") -> str:
         raise RuntimeError(
             f"kernels in their own network namespace need iproute2's {ip_command!r} command, "
             "which is not on PATH"
+        )
+    return found
+
+
+def require_command(command: str, package: str) -> str:
+    """The path of ``command``.
+
+    Raises:
+        RuntimeError: it is not on PATH (the message names Debian's ``package``).
+    """
+    found = shutil.which(command)
+    if found is None:
+        raise RuntimeError(
+            f"kernels in their own network namespace need {command!r}, which is not on PATH "
+            f"(apt-get install {package})"
         )
     return found
 
@@ -313,12 +469,16 @@ def build_network(network: KernelNetwork, ip_command: str = "ip") -> None:
 
 
 def delete_network(network: KernelNetwork, ip_command: str = "ip") -> None:
-    """Kill what still runs in ``network``'s namespace, delete its veth pair and the
-    namespace. What is gone already is skipped: it may be called any number of times.
+    """Kill every process of the kernel's user and what still runs in ``network``'s
+    namespace, delete its veth pair, the namespace and the kernel's directory. What is
+    gone already is skipped: it may be called any number of times.
 
     Raises:
-        RuntimeError: an ``ip`` command failed on something that exists.
+        RuntimeError: an ``ip`` command failed on something that exists, or ``kill``
+            could not be run.
     """
+    if network.user is not None:
+        kill_user_processes(network.user)
     exists = network.namespace in namespaces(ip_command)
     if exists:
         for pid in _ip(ip_command, "netns", "pids", network.namespace).split():
@@ -334,6 +494,114 @@ def delete_network(network: KernelNetwork, ip_command: str = "ip") -> None:
             raise
     if exists:
         _ip(ip_command, "netns", "del", network.namespace)
+    if network.user is not None:
+        remove_kernel_directory(network.user)
+
+
+def apply_firewall(
+    network: KernelNetwork, ports: Iterable[int], ip_command: str = "ip", nft_command: str = "nft"
+) -> None:
+    """Load :func:`firewall_ruleset` into ``network``'s namespace (replacing what was).
+
+    Raises:
+        RuntimeError: ``nft`` failed; the message is its one-line reason.
+    """
+    done = subprocess.run(
+        [ip_command, "netns", "exec", network.namespace, nft_command, "-f", "-"],
+        input=firewall_ruleset(ports),
+        capture_output=True,
+        text=True,
+        timeout=_IP_TIMEOUT,
+    )
+    if done.returncode != 0:
+        reason = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
+        raise RuntimeError(f"nft in {network.namespace}: {reason}")
+
+
+def _private_root_directory(path: str) -> None:
+    """Make ``path`` (mode 0711), or check that it is root's and only root can write in it:
+    a directory that someone else made (in /tmp, say) could be theirs to swap."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o711)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+        raise RuntimeError(f"{path} must be a directory of root's that nobody else can write to")
+    os.chmod(path, (info.st_mode & 0o7777) | 0o111)  # every kernel's user passes through
+
+
+def prepare_kernel_directory(
+    user: KernelUser, runtime_directory: str, connection_file: str
+) -> None:
+    """Make ``user``'s directory and home, and copy ``connection_file`` for it to read.
+
+    The directory is root's (group ``user.gid``, 0750), so the kernel can neither replace
+    the copy nor anyone else's directory be entered by it; the copy is root's, group
+    ``user.gid``, 0440; the home is ``user.uid``'s, 0700 (made again if another user owns
+    it: a kernel whose network was made again has a new user). Run at every start.
+
+    Raises:
+        RuntimeError: ``runtime_directory`` is not safely root's.
+        OSError: a file operation failed.
+    """
+    _private_root_directory(runtime_directory)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(user.directory, 0o750)
+    info = os.lstat(user.directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
+        raise RuntimeError(f"{user.directory} is not a directory of root's")
+    os.chown(user.directory, 0, user.gid)
+    os.chmod(user.directory, 0o750)
+    with contextlib.suppress(FileNotFoundError):
+        if os.lstat(user.home).st_uid != user.uid:
+            shutil.rmtree(user.home)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(user.home, 0o700)
+    # Safe by path: only root can change the entries of user.directory.
+    os.chown(user.home, user.uid, user.gid)
+    os.chmod(user.home, 0o700)
+    content = Path(connection_file).read_bytes()
+    staged = user.connection_file + ".new"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(staged)
+    descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o440)
+    try:
+        os.fchown(descriptor, 0, user.gid)
+        os.fchmod(descriptor, 0o440)
+        os.write(descriptor, content)
+    finally:
+        os.close(descriptor)
+    os.replace(staged, user.connection_file)
+
+
+def remove_kernel_directory(user: KernelUser) -> None:
+    """Delete ``user``'s directory, home included; what is gone already is skipped."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(user.directory)
+
+
+def kill_user_processes(user: KernelUser) -> None:
+    """SIGKILL every process of ``user.uid``: a process that made a namespace of its own
+    (``unshare -Urn``) is no longer in the kernel's, and the next kernel on its /30 gets
+    its user. Sent by a process of that user, as ``kill(-1, SIGKILL)``: it reaches them
+    all at once, those forking meanwhile included, and nothing else.
+
+    Raises:
+        RuntimeError: ``kill`` could not be run.
+    """
+    kill = require_command("kill", "procps")
+    try:
+        subprocess.run(
+            [kill, "-KILL", "--", "-1"],
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            capture_output=True,
+            timeout=_IP_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        raise RuntimeError(f"killing the processes of uid {user.uid}: {error}") from error
 
 
 # -- the provisioner ---------------------------------------------------------------------
@@ -361,6 +629,69 @@ class NetnsProvisioner(KernelProvisionerBase):
         config=True,
         help="iproute2's ip command (a name on PATH or a path).",
     )
+    setpriv_command = Unicode(
+        "setpriv",
+        config=True,
+        help="util-linux's setpriv command (a name on PATH or a path), which drops the "
+        "kernel's privileges inside its namespace.",
+    )
+    nft_command = Unicode(
+        "nft",
+        config=True,
+        help="nftables' nft command (a name on PATH or a path), which loads each kernel "
+        "namespace's firewall.",
+    )
+    uid_base = Int(
+        DEFAULT_UID_BASE,
+        config=True,
+        help="The first of the kernels' user ids. The kernel on the n-th /30 of "
+        "subnet_pool runs as uid uid_base + n (a /16 pool: 16384 uids), so no two live "
+        "kernels on the host share a user and none can signal, trace or read another. The "
+        "range needs no /etc/passwd entries and must hold no other user's files or "
+        "processes: shutting a kernel down kills every process of its uid. Gateways on one "
+        "host with different subnet pools need disjoint ranges.",
+    )
+    gid_base = Int(
+        DEFAULT_UID_BASE,
+        config=True,
+        help="The first of the kernels' group ids: the kernel on the n-th /30 of "
+        "subnet_pool runs with gid gid_base + n and no supplementary groups; its copy of "
+        "the connection file is readable by that group only. Same rules as uid_base.",
+    )
+    runtime_directory = Unicode(
+        config=True,
+        help="Where each kernel gets a directory <namespace>/ of root's (its copy of the "
+        "connection file) holding home/, the kernel's own home and working directory; "
+        "deleted with the kernel. Made with mode 0711 if missing; it must be root's and "
+        "writable by nobody else, and its parent searchable by the kernels' users. "
+        "Default: /run/kernel_gateway_stream-netns (the temporary directory without /run).",
+    )
+    exposed_directories = List(
+        Unicode(),
+        config=True,
+        help="Directories the kernel needs to run (its interpreter and packages) that an "
+        "ancestor hides from the kernel's user, as /root hides a Python installed in "
+        "root's home. In the kernel's own mount namespace, the highest such ancestor is "
+        "covered by an empty tmpfs holding read-only binds of these directories only; "
+        "directories the kernel's user can reach anyway are left alone. Default: this "
+        "interpreter's prefixes (sys.base_prefix and sys.prefix), which the kernelspec "
+        "of install_netns_kernelspec runs.",
+    )
+
+    @default("runtime_directory")
+    def _default_runtime_directory(self) -> str:
+        base = "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else None
+        return os.path.join(base or tempfile.gettempdir(), "kernel_gateway_stream-netns")
+
+    @default("exposed_directories")
+    def _default_exposed_directories(self) -> list[str]:
+        return list(dict.fromkeys([sys.base_prefix, sys.prefix]))
+
+    @validate("uid_base", "gid_base")
+    def _valid_id_base(self, proposal: Any) -> int:
+        if proposal["value"] <= 0:
+            raise TraitError(f"{proposal['trait'].name} must be above 0 (root)")
+        return int(proposal["value"])
 
     @validate("subnet_pool")
     def _valid_subnet_pool(self, proposal: Any) -> str:
@@ -420,13 +751,15 @@ class NetnsProvisioner(KernelProvisionerBase):
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Create the kernel's network (a restart reuses it), point the kernel manager at
-        its address and ports, write the connection file and build the command.
+        its address and ports, write the connection file and the kernel's copy of it,
+        load the namespace's firewall and build the command.
 
         Called by ``KernelManager.pre_start_kernel``, at every start and restart.
 
         Raises:
-            RuntimeError: not root, no ``ip``, no kernel manager as parent, a transport
-                other than tcp, or the network could not be made.
+            RuntimeError: not root, no ``ip``, ``setpriv`` or ``nft``, no kernel manager as
+                parent, a transport other than tcp, or the network, the kernel's directory
+                or its firewall could not be made.
         """
         km = self.parent
         if not isinstance(km, KernelManager):
@@ -434,6 +767,8 @@ class NetnsProvisioner(KernelProvisionerBase):
         if km.transport != "tcp":
             raise RuntimeError(f"NetnsProvisioner needs the tcp transport, not {km.transport}")
         ip_command = require_netns_support(self.ip_command)
+        setpriv_command = require_command(self.setpriv_command, "util-linux")
+        nft_command = require_command(self.nft_command, "nftables")
         kwargs.pop("transport_encryption", None)  # tcp to the namespace, unencrypted
         extra_arguments = kwargs.pop("extra_arguments", [])
         created = await self._ensure_network(ip_command)
@@ -455,12 +790,55 @@ class NetnsProvisioner(KernelProvisionerBase):
             # The gateway pings the heartbeat of such a kernel (the link may fail).
             km.watch_heartbeat = True  # type: ignore[attr-defined]
             argv = km.format_kernel_cmd(extra_arguments=extra_arguments)
+            network = self._with_user(self.network)
+            user = network.user
+            assert user is not None
+            await asyncio.to_thread(
+                prepare_kernel_directory, user, self.runtime_directory, km.connection_file
+            )
+            kernel_ports = [getattr(km, name) for name in _PORT_NAMES]
+            await asyncio.to_thread(apply_firewall, network, kernel_ports, ip_command, nft_command)
         except BaseException:
             if created:
                 await self._delete_network()
             raise
-        command = [ip_command, "netns", "exec", self.network.namespace, *argv]
+        # The kernel reads its own copy (the gateway's runtime directory is closed to it).
+        argv = [argument.replace(km.connection_file, user.connection_file) for argument in argv]
+        exposed = [
+            option for directory in self.exposed_directories for option in ("--expose", directory)
+        ]
+        command = [
+            *(ip_command, "netns", "exec", network.namespace),
+            *(sys.executable, "-I", "-S", _ENTER_SCRIPT),
+            *("--uid", str(user.uid), "--gid", str(user.gid), "--setpriv", setpriv_command),
+            *exposed,
+            "--",
+            *argv,
+        ]
+        kwargs["env"] = kernel_environment(kwargs.get("env", os.environ), user)
+        kwargs["cwd"] = user.home
         return await super().pre_launch(cmd=command, **kwargs)
+
+    def _with_user(self, network: KernelNetwork) -> KernelNetwork:
+        """``network`` with the kernel's user, chosen now if it has none (a new network;
+        a network kept across a restart keeps its user)."""
+        if network.user is None:
+            user = kernel_user(
+                network,
+                parse_pool(self.subnet_pool),
+                self.uid_base,
+                self.gid_base,
+                self.runtime_directory,
+            )
+            network = self.network = dataclasses.replace(network, user=user)
+            self.log.info(
+                "Kernel %s runs as uid %d, gid %d, in %s",
+                self.kernel_id,
+                user.uid,
+                user.gid,
+                user.home,
+            )
+        return network
 
     async def _ensure_network(self, ip_command: str) -> bool:
         """Make the kernel's network unless it exists; True if it was made now."""
@@ -509,7 +887,8 @@ class NetnsProvisioner(KernelProvisionerBase):
         return self.connection_info
 
     async def cleanup(self, restart: bool = False) -> None:
-        """Delete the kernel's network, unless a restart follows (it keeps it).
+        """Kill the kernel user's processes, delete the kernel's network and directory,
+        unless a restart follows (it keeps them).
 
         Called by ``KernelManager.cleanup_resources`` after a shutdown, a restart's
         shutdown, and a kernel that died for good. Safe to call again.
@@ -545,6 +924,13 @@ class NetnsProvisioner(KernelProvisionerBase):
         self.pgid = provisioner_info.get("pgid")
         network = provisioner_info.get("network")
         self.network = None if network is None else KernelNetwork.from_dict(network)
+
+
+def kernel_environment(environment: Mapping[str, str], user: KernelUser) -> dict[str, str]:
+    """``environment`` for a kernel running as ``user``: its own home, and none of the
+    variables that would point it at the gateway user's Jupyter and IPython directories."""
+    kept = {name: value for name, value in environment.items() if name not in _HOME_VARIABLES}
+    return {**kept, "HOME": user.home, "USER": f"uid{user.uid}", "LOGNAME": f"uid{user.uid}"}
 
 
 # -- kernelspec --------------------------------------------------------------------------
