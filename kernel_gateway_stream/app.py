@@ -91,6 +91,9 @@ ALWAYS_SECRET = (
     "KGS_CLUSTER_SECRET",
 )
 
+#: tornado's loggers (a handler an operator adds to them gets the redaction too).
+_TORNADO_LOGGERS = ("tornado.access", "tornado.application", "tornado.general")
+
 # Any id, so that an id of the wrong shape still gets a JSON 404 from us.
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
 _MSG_ID = r"(?P<msg_id>[^/]+)"
@@ -417,7 +420,7 @@ class GatewayStreamApp(ExtensionApp):
         # KGS_CLUSTER_SECRET are among them).
         redis_url = self.redis_url
         cluster_secret = self.cluster_secret if redis_url else ""
-        self._route_logs(token)
+        self._route_logs(token, serverapp.log)
         self._log_setup = LogSetup(
             [serverapp.log, self.log], json_lines=self.log_json, path=self.log_file
         )
@@ -533,18 +536,20 @@ class GatewayStreamApp(ExtensionApp):
             self.log.info("Recovered transcript %s: seqs %d-%d were lost (a gap record)",
                           kernel_id, first, last)  # fmt: skip
 
-    def _route_logs(self, token: str) -> None:
+    def _route_logs(self, token: str, server_log: logging.Logger) -> None:
         """The package's own loggers log through the server's handlers, and no handler
-        writes the token (or a ``?token=`` value) anywhere."""
+        writes the token (or a ``?token=`` value) anywhere: not the extension's, not the
+        server's (jupyter_server logs a failing request's URI, query string included,
+        through its own logger), not tornado's, not the root logger's."""
         package = logging.getLogger("kernel_gateway_stream")
         package.parent = self.log
         package.setLevel(self.log.getEffectiveLevel())
         redacting = RedactingFilter([token] if token else [])
-        loggers = {self.log, logging.getLogger()}
-        parent = self.log.parent
-        while parent is not None:
-            loggers.add(parent)
-            parent = parent.parent
+        loggers = {logging.getLogger()}
+        for logger in (self.log, server_log, *map(logging.getLogger, _TORNADO_LOGGERS)):
+            while logger is not None:
+                loggers.add(logger)
+                logger = logger.parent  # type: ignore[assignment]
         for logger in loggers:
             for handler in logger.handlers:
                 if not any(isinstance(f, RedactingFilter) for f in handler.filters):

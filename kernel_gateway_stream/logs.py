@@ -11,7 +11,9 @@
   (``extra={"kernel_id": ...}``). Messages never carry kernel output or a token (the
   token is redacted by :class:`~.secrets.RedactingFilter` in any case).
 * **A file.** ``GatewayStreamApp.log_file`` writes there instead of standard error;
-  ``SIGHUP`` reopens it, for logrotate.
+  ``SIGHUP`` reopens it, for logrotate. The file is the daemon user's alone (0600, whatever
+  the umask, and tightened if it was created wider): it names kernels, sessions and
+  clients' addresses.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
+import stat
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["EVENT_FIELDS", "JsonFormatter", "KnownNoise", "LogSetup"]
+__all__ = ["EVENT_FIELDS", "JsonFormatter", "KnownNoise", "LogSetup", "PrivateFileHandler"]
 
 #: Fields an event may add to its line (``log.info(..., extra={...})``).
 EVENT_FIELDS = (
@@ -71,6 +75,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class PrivateFileHandler(logging.FileHandler):
+    """A log file only its owner can read: created 0600 (the umask cannot widen it), and
+    an existing file readable by others is narrowed to 0600 when opened or reopened."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, encoding="utf-8")
+
+    def _open(self):  # type: ignore[no-untyped-def]  # logging's own signature
+        descriptor = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if stat.S_IMODE(os.fstat(descriptor).st_mode) & 0o077:
+            os.fchmod(descriptor, 0o600)
+        return open(descriptor, "a", encoding=self.encoding, errors=self.errors)
+
+
 class LogSetup:
     """Applies the log settings to the server's log handlers; reopens files on SIGHUP."""
 
@@ -86,7 +104,7 @@ class LogSetup:
         """Route to ``path`` (if set), format as JSON (if asked), drop known noise."""
         handlers = [handler for logger in self.loggers for handler in logger.handlers]
         if self.path:
-            self.file_handler = logging.FileHandler(self.path, encoding="utf-8")
+            self.file_handler = PrivateFileHandler(self.path)
             if handlers:
                 self.file_handler.setFormatter(handlers[0].formatter)
             for handler in handlers:

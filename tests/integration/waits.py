@@ -15,3 +15,19 @@ async def until_restarted(kernel: Any, timeout: float = 60) -> None:
     deadline = loop.time() + seconds(timeout)
     while not (kernel.ready.done() and await kernel.is_alive()) and loop.time() < deadline:
         await asyncio.sleep(0.1)
+
+
+async def wait_until(predicate: Any, what: str, timeout: float = 30) -> None:
+    """Until ``predicate()`` (a function, or a coroutine function) is true; fails naming
+    ``what`` after ``timeout`` seconds, scaled for this machine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(timeout)
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)

@@ -8,6 +8,8 @@ of the hardening issue, against a real daemon and a real ipykernel.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import uuid
 from typing import Any
@@ -17,6 +19,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from tornado.websocket import websocket_connect
 
 from ..integration.daemon import TOKEN, Daemon
+from ..integration.waits import wait_until
 
 #: What a kernel does to find secrets: its environment, its own and its parent's initial
 #: environment blocks (/proc), and every file in the Jupyter runtime directory (where
@@ -129,3 +132,68 @@ async def test_the_token_is_in_no_log_error_body_or_transcript(daemon: Daemon) -
             assert TOKEN.encode() not in name.read_bytes()
             assert stat.S_IMODE(name.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+#: jupyter_server's own error paths, each logged by jupyter_server with the request's URI.
+SERVER_ERROR_PATHS = (
+    ("POST", "/api/sessions", "{"),
+    ("GET", "/api/kernelspecs/nope", None),
+    ("GET", "/api/sessions/nope", None),
+    ("DELETE", "/api/sessions/nope", None),
+    ("PATCH", "/api/sessions/nope", "{}"),
+)
+
+
+@pytest.mark.parametrize(
+    ("log_json", "to_file"),
+    [(False, False), (True, False), (True, True)],
+    ids=["text-stderr", "json-stderr", "json-file"],
+)
+async def test_jupyter_servers_own_error_lines_carry_no_token_and_the_log_file_is_private(
+    daemon: Daemon, log_json: bool, to_file: bool
+) -> None:
+    """Item 6: jupyter_server logs a failing request as ``400 POST /api/sessions?token=…``
+    through its own logger; no line of the log, text or JSON, on standard error or in the
+    log file, holds the token. The log file is created 0600 even under a umask of 000, a
+    log file made wider before is narrowed when the daemon opens it, and so is the file
+    SIGHUP reopens after a rotation."""
+    log_file = daemon.home / "gateway.log"
+    log_file.write_text("")
+    log_file.chmod(0o644)
+    args = [f"--GatewayStreamApp.log_json={log_json}"]
+    if to_file:
+        args.append(f"--GatewayStreamApp.log_file={log_file}")
+    previous = os.umask(0)
+    try:
+        daemon.start(*args)
+    finally:
+        os.umask(previous)
+    await daemon.wait_ready()
+    client = AsyncHTTPClient()
+    codes = []
+    for method, path, body in SERVER_ERROR_PATHS:
+        with pytest.raises(HTTPClientError) as failed:
+            await client.fetch(
+                f"{daemon.url}{path}?token={TOKEN}",
+                method=method,
+                body=body,
+                allow_nonstandard_methods=True,
+            )
+        codes.append(failed.value.code)
+    rotated = daemon.home / "gateway.log.1"
+    if to_file:
+        log_file.rename(rotated)
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGHUP)
+        await wait_until(log_file.exists, "the log file reopened after SIGHUP")
+    daemon.stop()
+    assert all(400 <= code < 500 for code in codes), codes
+    text = daemon.log_text()
+    if to_file:
+        text += rotated.read_text() + log_file.read_text()
+        assert stat.S_IMODE(rotated.stat().st_mode) == 0o600
+        assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+    # Control: the failing requests were logged, with their paths.
+    for _, path, _ in SERVER_ERROR_PATHS:
+        assert path in text, path
+    assert TOKEN not in text
