@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .marks import GAP_MSG_TYPE, is_mark, is_terminal, mark_reason
-from .messages import KernelMessage, Record
+from .messages import KernelMessage, Record, dumps_json
 
 __all__ = [
     "INPUT_REQUEST",
     "UNFINISHED",
+    "EncodedSummary",
     "ExecutionSummary",
     "SummaryBuilder",
     "normalize",
@@ -119,6 +120,51 @@ class ExecutionSummary:
             "last_seq": self.last_seq,
             "gaps": [list(gap) for gap in self.gaps],
         }
+
+    def encode(self, **extra: Any) -> EncodedSummary:
+        """The summary as JSON (with ``extra`` fields first), whatever it holds.
+
+        Every value parsed from a kernel's message is strict JSON (see
+        :func:`.messages.load_json_object`), but an output nested as deeply as the parser
+        allows is one level deeper in a summary. If the whole summary cannot be written,
+        its outcome still is (``msg_id``, ``status``, ``reason``, times, ``last_seq``,
+        ``gaps``) with empty outputs and ``summary_error`` saying why: an execution always
+        ends with an answer. Never raises.
+        """
+        try:
+            return EncodedSummary(dumps_json({**extra, **self.to_json()}), None)
+        except (ValueError, TypeError, RecursionError) as error:
+            failure = f"the summary could not be written as JSON ({type(error).__name__})"
+        count = self.execution_count
+        outcome = {
+            **{key: value for key, value in extra.items() if isinstance(value, str)},
+            "msg_id": self.msg_id,
+            "status": self.status,
+            "reason": self.reason,
+            "stdout": "",
+            "stderr": "",
+            "stdout_omitted": 0,
+            "stderr_omitted": 0,
+            "outputs": [],
+            "error": None,
+            "execution_count": count if isinstance(count, int) else None,
+            "started": self.started,
+            "ended": self.ended,
+            "duration": self.duration,
+            "last_seq": self.last_seq,
+            "gaps": [[first, last] for first, last in self.gaps],
+            "summary_error": failure,
+        }
+        return EncodedSummary(dumps_json(outcome), failure)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedSummary:
+    """A summary as JSON (:meth:`ExecutionSummary.encode`); ``failure`` says why it holds
+    only the outcome (None: the whole summary)."""
+
+    data: bytes
+    failure: str | None
 
 
 #: Summary statuses of an execution that has not ended.

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import hmac
 import json
+import math
 from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
@@ -95,11 +96,12 @@ class KernelMessage:
 
     def header(self) -> dict[str, Any]:
         """The parsed header (parsed on each call; the hot path never needs it)."""
-        return load_json_object(self.raw_header, "header")
+        return load_json_object(self.raw_header, "header", from_kernel=True)
 
     def content(self) -> dict[str, Any]:
-        """The parsed content (parsed on each call)."""
-        return load_json_object(self.raw_content, "content")
+        """The parsed content (parsed on each call). A message built with ``repair`` holds
+        no non-finite number; one recorded before that rule reads each as None."""
+        return load_json_object(self.raw_content, "content", from_kernel=True)
 
     @classmethod
     def synthesize(
@@ -132,9 +134,11 @@ class KernelMessage:
 
         Every JSON part must be an object as RFC 8259 defines JSON, since parts are pasted
         into what the gateway writes as they are. With ``repair`` (for what a kernel sent:
-        its output is kept whatever it got wrong), a part holding ``NaN`` or ``Infinity`` is
-        re-encoded with ``null`` in their place, and a ``parent_header`` or ``metadata`` that
-        is not an object at all becomes ``{}``.
+        its output is kept whatever it got wrong), a part holding a number JSON cannot write
+        back (``NaN``, ``Infinity``, or one past a double's range such as ``1e999``) is
+        re-encoded with ``null`` in its place, at any depth, so that the raw parts forwarded
+        to clients and every value parsed from them later are strict JSON; and a
+        ``parent_header`` or ``metadata`` that is not an object at all becomes ``{}``.
 
         Raises:
             MalformedMessage: fewer than four parts, a header or content (or, without
@@ -317,29 +321,56 @@ def invalid_placeholder(error: InvalidMessage, *, date: str, session: str) -> Ke
 
 
 class _NonStandardConstant(ValueError):
-    """``NaN``, ``Infinity`` or ``-Infinity``: Python's json accepts them, JSON does not."""
+    """A number JSON cannot write back: ``NaN``, ``Infinity`` or ``-Infinity`` (Python's json
+    accepts them, JSON does not), or one too large for a double (``1e999``: valid JSON
+    syntax, but Python reads it as ``inf``, which no strict encoder writes)."""
 
 
 def _refuse_constant(name: str) -> Any:
     raise _NonStandardConstant(f"{name} is not JSON")
 
 
-#: json.loads as RFC 8259 has it: no NaN/Infinity (browsers' JSON.parse refuses them).
-_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
-#: The same, reading NaN/Infinity as null: for repairing a part before it is re-encoded.
-_LENIENT_DECODER = json.JSONDecoder(parse_constant=lambda _: None)
+def _refuse_non_finite(text: str) -> float:
+    value = float(text)
+    if math.isfinite(value):
+        return value
+    raise _NonStandardConstant(f"{text[:20]} is out of range of a double")
 
 
-def load_json_object(raw: bytes | str, what: str) -> dict[str, Any]:
-    """``raw`` parsed as a strict JSON object (RFC 8259: no NaN or Infinity, valid UTF-8).
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+# The rule for numbers, decided here, where JSON is parsed, so that no parsed value holds a
+# non-finite float and every later dumps with allow_nan=False succeeds: a number that is not
+# finite (NaN, Infinity, or a literal past a double's range, such as 1e999 or a 400-digit
+# decimal) is refused from a client, and read as null from a kernel (whose output is kept).
+# Integers are not touched: Python holds any of them exactly and writes them back as they
+# came (a reader may round a huge one, but it is JSON).
+
+#: json.loads as RFC 8259 has it, for values the gateway writes back: no NaN/Infinity
+#: (browsers' JSON.parse refuses them) and no number that reads as infinite.
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_refuse_non_finite)
+#: The same, reading each of those numbers as null: for what a kernel sent (a part is
+#: repaired with it, then re-encoded; see :meth:`KernelMessage.from_parts`).
+_LENIENT_DECODER = json.JSONDecoder(parse_constant=lambda _: None, parse_float=_finite_or_none)
+
+
+def load_json_object(raw: bytes | str, what: str, *, from_kernel: bool = False) -> dict[str, Any]:
+    """``raw`` parsed as a strict JSON object (RFC 8259, valid UTF-8), holding no number
+    that JSON cannot write back: ``NaN``, ``Infinity`` and numbers past a double's range
+    (``1e999``) are refused, or, ``from_kernel``, read as None. Either way the value can be
+    written with ``allow_nan=False`` (:func:`dumps_json`).
 
     Raises:
         MalformedMessage: not such an object, nested too deeply to parse, or not UTF-8.
     """
+    decoder = _LENIENT_DECODER if from_kernel else _STRICT_DECODER
     try:
         # From str: json.loads would otherwise detect the encoding of every bytes part.
         text = raw.decode() if isinstance(raw, bytes) else raw
-        value = _STRICT_DECODER.decode(text)
+        value = decoder.decode(text)
     except (ValueError, UnicodeDecodeError) as error:
         raise MalformedMessage(f"{what} is not valid JSON") from error
     except RecursionError as error:
@@ -367,7 +398,8 @@ def dumps_json(value: Any, *, compact: bool = False) -> bytes:
 
 def _object_part(raw: bytes, what: str) -> tuple[bytes, dict[str, Any]]:
     """``(raw, parsed)`` if ``raw`` is a strict JSON object; else the object re-encoded
-    without NaN or Infinity, if that is all that is wrong with it.
+    with null for each NaN, Infinity or infinite number, if that is all that is wrong
+    with it.
 
     Raises:
         MalformedMessage: not a JSON object even then.
@@ -386,7 +418,7 @@ def _object_part(raw: bytes, what: str) -> tuple[bytes, dict[str, Any]]:
 
 def _object(raw: bytes, what: str, repair: bool) -> tuple[bytes, dict[str, Any]]:
     """``(raw, parsed)`` for a part that must be a JSON object (parsed once); with
-    ``repair``, ``raw`` re-encoded if it held NaN or Infinity."""
+    ``repair``, ``raw`` re-encoded if it held NaN, Infinity or an infinite number."""
     if repair:
         return _object_part(raw, what)
     return raw, load_json_object(raw, what)

@@ -156,14 +156,14 @@ def _message(
     if msg_type == "stream":
         peeked = peek_stream(content)
         if peeked is None:
-            parsed = load_json_object(content, "content")
+            parsed = load_json_object(content, "content", from_kernel=True)
             name, value = parsed.get("name"), parsed.get("text")
             if isinstance(name, str) and isinstance(value, str):
                 peeked = (name, value)
         if peeked is not None:
             stream_name, text = peeked
     elif msg_type == "status":
-        state = load_json_object(content, "content").get("execution_state")
+        state = load_json_object(content, "content", from_kernel=True).get("execution_state")
         execution_state = state if isinstance(state, str) else None
     return KernelMessage(
         msg_type=msg_type,

@@ -264,8 +264,12 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def decode_legacy_binary(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
-    """Parse a legacy binary frame into ``(message_json, buffers)``.
+def decode_legacy_binary(
+    data: bytes, *, from_kernel: bool = False
+) -> tuple[dict[str, Any], list[bytes]]:
+    """Parse a legacy binary frame into ``(message_json, buffers)``; ``from_kernel`` (an
+    upstream gateway's frame), numbers JSON cannot write back are read as None (see
+    :func:`.messages.load_json_object`), else they are refused.
 
     Raises:
         MalformedMessage: truncated or inconsistent offsets, or JSON that is not an object.
@@ -279,7 +283,7 @@ def decode_legacy_binary(data: bytes) -> tuple[dict[str, Any], list[bytes]]:
     if any(b < a for a, b in itertools.pairwise(offsets)) or offsets[0] < 4 * (count + 1):
         raise MalformedMessage("binary frame offsets are out of order")
     chunks = [data[a:b] for a, b in itertools.pairwise(offsets)]
-    message = load_json_object(chunks[0], "message")
+    message = load_json_object(chunks[0], "message", from_kernel=from_kernel)
     return message, chunks[1:]
 
 

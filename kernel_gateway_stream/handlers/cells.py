@@ -22,12 +22,12 @@ messages after it. Authorization is the channels socket's (``execute`` on ``kern
 from __future__ import annotations
 
 import asyncio
-import json
 
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from ..core.errors import LocalError
+from ..core.messages import dumps_json
 from ..core.outputs import CellRestorer
 from .common import KERNEL_ACTION, ServicesMixin, parse_seq, requires
 
@@ -72,7 +72,7 @@ class CellsHandler(ServicesMixin, APIHandler):
         executions = await loop.run_in_executor(None, lambda: restorer.result(since=since))
         self.set_header("Content-Type", "application/json")
         self.finish(
-            json.dumps(
+            dumps_json(  # strict: JSON.parse refuses NaN/Infinity (none is parsed from a kernel)
                 {
                     "kernel_id": kernel_id,
                     "head": head,

@@ -24,11 +24,11 @@ from typing import Any
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from ..core.endings import server_error
 from ..core.errors import BadRequest, LocalError, NoInputPending, UnknownExecution, UnknownKernel
-from ..core.executions import UNFINISHED, ExecutionSummary
+from ..core.executions import UNFINISHED, EncodedSummary, ExecutionSummary
 from ..core.frames import Frame, frames_from_records
 from ..core.marks import is_mark
-from ..core.messages import dumps_json
 from ..core.wire import Protocol, encode_sse
 from ..executions import ExecutionManager
 from .common import (
@@ -58,6 +58,26 @@ class _ExecutionsMixin:
         manager: ExecutionManager = self.services.executions  # type: ignore[attr-defined]
         return manager
 
+    def encode_summary(self, summary: ExecutionSummary, **extra: str) -> EncodedSummary:
+        """The summary as JSON; one that cannot be written whole (a kernel's output nested
+        past what JSON encodes) is its outcome alone, logged (see ExecutionSummary.encode)."""
+        encoded = summary.encode(**extra)
+        if encoded.failure is not None:
+            log: Any = self.log  # type: ignore[attr-defined]
+            log.warning("Execution %s: %s", summary.msg_id, encoded.failure)
+        return encoded
+
+    def done_event(self, summary: ExecutionSummary | None, last_seq: int | None) -> bytes:
+        """The last event: ``done`` with the summary, after a ``server_error`` event if
+        the summary holds only the outcome. Never raises."""
+        if summary is None:
+            return encode_sse("done", last_seq, b"{}")
+        encoded = self.encode_summary(summary)
+        done = encode_sse("done", last_seq, encoded.data)
+        if encoded.failure is None:
+            return done
+        return server_error(summary.last_seq, encoded.failure).sse_event() + done
+
 
 class _ExecutionStream(_ExecutionsMixin, SSEHandler):
     """One execution's normalized events, as Server-Sent Events, ending with ``done``."""
@@ -80,9 +100,8 @@ class _ExecutionStream(_ExecutionsMixin, SSEHandler):
             summary = await self.executions.summary(self.subscriber.kernel_id, self.msg_id)
             if summary is not None and summary.status in UNFINISHED:
                 continue  # a gap record: output may be missing, but it goes on
-            data = dumps_json(summary.to_json() if summary else {})
             if self.is_open():
-                self.write(encode_sse("done", frame.last_seq, data))
+                self.write(self.done_event(summary, frame.last_seq))
             self._end()
             return
 
@@ -101,10 +120,9 @@ class ExecutionEventsHandler(_ExecutionStream):
             finished = summary.status not in UNFINISHED
             if finished and since is not None and since >= summary.last_seq:
                 # Resumed after the last event: nothing to replay, the answer is done.
-                data = dumps_json(summary.to_json())
                 self.set_header("Content-Type", CONTENT_TYPE)
                 self._streaming = True
-                self.finish(encode_sse("done", summary.last_seq, data))
+                self.finish(self.done_event(summary, summary.last_seq))
                 return
             if kernel_id not in self.kernel_manager:
                 await self._from_transcript(kernel_id, msg_id, since or 0, summary)
@@ -132,7 +150,7 @@ class ExecutionEventsHandler(_ExecutionStream):
                 self.write(frame.encode(Protocol.EXECUTION)[0])
             await self.flush()
             since = page.records[-1].seq
-        self.finish(encode_sse("done", summary.last_seq, dumps_json(summary.to_json())))
+        self.finish(self.done_event(summary, summary.last_seq))
 
 
 @web.stream_request_body
@@ -191,7 +209,7 @@ class ExecutionHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
         except LocalError as error:
             self.write_error_json(error)
             return
-        self.finish(dumps_json({"kernel_id": kernel_id, **summary.to_json()}))
+        self.finish(self.encode_summary(summary, kernel_id=kernel_id).data)
 
 
 @web.stream_request_body

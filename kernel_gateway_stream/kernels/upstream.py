@@ -96,9 +96,10 @@ def decode_upstream(data: bytes | str, v1: bool) -> tuple[str, list[bytes]]:
             raise MalformedMessage(f"a message has at least 4 parts, got {len(parts)}")
         return channel, parts
     if isinstance(data, bytes):
-        message, buffers = decode_legacy_binary(data)
+        message, buffers = decode_legacy_binary(data, from_kernel=True)
     else:
-        message, buffers = load_json_object(data, "message"), []
+        # What a kernel sent: a number JSON cannot write back (1e999, NaN) is read as null.
+        message, buffers = load_json_object(data, "message", from_kernel=True), []
     named = message.get("channel")
     if not isinstance(named, str):
         raise MalformedMessage("message has no channel")
@@ -131,7 +132,7 @@ def upstream_seq(raw_metadata: bytes) -> tuple[bytes, int | None]:
     :data:`UPSTREAM_METADATA_KEY`, and that seq (None if it is not there)."""
     if SEQ_METADATA_KEY.encode() not in raw_metadata:
         return raw_metadata, None
-    metadata = load_json_object(raw_metadata, "metadata")
+    metadata = load_json_object(raw_metadata, "metadata", from_kernel=True)
     theirs = metadata.pop(SEQ_METADATA_KEY, None)
     if not isinstance(theirs, dict):
         return raw_metadata, None
