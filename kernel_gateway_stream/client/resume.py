@@ -17,6 +17,12 @@ The rules:
   the stream makes progress: an event, or the gateway's keep-alive comment.
 * ``slow_consumer``: the gateway dropped a reader that fell behind. It is resumed at once
   when that connection delivered something (else after a pause, as above).
+* ``server_error``: the gateway failed to serve the stream. The event is kept back; if the
+  connection then ends without the stream's last event, it is resumed after a pause as
+  above, but a failure that comes back at the same place (a resume replays what failed)
+  ends the stream with :class:`GatewayHTTPError` ``500 server_error`` after
+  ``MAX_SERVER_ERRORS`` connections in a row: never a loop. Any other error answer (4xx,
+  500) is raised at once; only 502/503/504, a proxy's answers, are retried.
 * A stream resumes after the last sequence number it got, with ``Last-Event-ID`` (the
   gateway then sends every message after it, then live, with no gap or duplicate). A
   control event's ``last_seq`` moves that point on when it is ahead (a filtered stream).
@@ -42,6 +48,10 @@ RESUME_EVENTS = {
 }
 #: Answers that a proxy gives while the gateway behind it restarts.
 RETRY_STATUSES = frozenset({502, 503, 504})
+#: The gateway's event saying it failed to serve the stream (see :mod:`..core.endings`).
+SERVER_ERROR = "server_error"
+#: Connections in a row that end with ``server_error`` at one place before the stream fails.
+MAX_SERVER_ERRORS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,16 @@ class _Connection:
     progressed: bool = False
     #: It has nothing more to give.
     over: bool = False
+    #: The gateway's ``server_error`` event on it, if any: its data.
+    server_error: dict[str, object] | None = None
+
+
+@dataclass(slots=True)
+class _ServerErrors:
+    """``server_error`` endings in a row at one place: where (the cursor), how many."""
+
+    cursor: int | None = None
+    count: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -127,6 +147,7 @@ class ResumableStream:
     finished: bool = field(default=False, init=False)
     _connection: _Connection = field(default_factory=_Connection, init=False)
     _outage: _Outage = field(default_factory=_Outage, init=False)
+    _server_errors: _ServerErrors = field(default_factory=_ServerErrors, init=False)
 
     @property
     def connection_over(self) -> bool:
@@ -171,6 +192,13 @@ class ResumableStream:
             if event.event in RESUME_EVENTS:
                 self._resume_after(event)
                 break
+            if event.event == SERVER_ERROR:
+                # Kept back: the gateway may still end the stream properly (an execution's
+                # ``done`` follows it); if not, reconnect() counts it.
+                data = event.data if isinstance(event.data, dict) else {}
+                self._connection.server_error = data
+                self._connection.reason = f"the gateway failed ({data.get('message')})"
+                continue
             delivered.append(event)
             if event.event in self.ends_with:
                 self.finished = self._connection.over = True
@@ -196,7 +224,10 @@ class ResumableStream:
         Raises:
             GatewayUnreachable: this outage has lasted past ``give_up_after`` seconds or
                 ``max_attempts`` retries.
+            GatewayHTTPError: ``500 server_error``: the gateway failed to serve the stream
+                ``MAX_SERVER_ERRORS`` times in a row at the same place.
         """
+        self._count_server_error()
         reason = self._connection.reason
         if reason == RESUME_EVENTS["slow_consumer"] and self._connection.progressed:
             return Reconnect(self.path, 0, 0.0, self.cursor, reason)
@@ -212,6 +243,24 @@ class ResumableStream:
         left = outage.started + backoff.give_up_after - now
         delay = min(backoff.delay(outage.retries, jitter), left)
         return Reconnect(self.path, outage.retries, delay, self.cursor, reason)
+
+    def _count_server_error(self) -> None:
+        failure = self._connection.server_error
+        if failure is None:
+            return
+        errors = self._server_errors
+        if errors.count and self.cursor == errors.cursor:
+            errors.count += 1
+        else:
+            errors.cursor, errors.count = self.cursor, 1
+        if errors.count >= MAX_SERVER_ERRORS:
+            message = " ".join(str(failure.get("message") or "no detail").split())
+            raise GatewayHTTPError(
+                500,
+                SERVER_ERROR,
+                f"the gateway failed to serve {self.path} {errors.count} times after seq "
+                f"{self.cursor}: {message}",
+            )
 
     def _resume_after(self, event: Event) -> None:
         last_seq = event.data.get("last_seq") if isinstance(event.data, dict) else None

@@ -199,3 +199,56 @@ def test_an_event_whose_data_is_not_json_is_an_error() -> None:
     stream = opened()
     with pytest.raises(Exception, match="not JSON"):
         stream.feed(b"event: stream\ndata: {nope\n\n")
+
+
+def test_a_server_error_at_the_same_place_ends_the_stream_instead_of_looping() -> None:
+    """The gateway failing on what a resume replays: three connections in a row end with
+    ``server_error`` after seq 5, and the stream fails with a clear 500, not for ever."""
+    stream = opened(since=0)
+    failure = sse("server_error", {"reason": "server_error", "last_seq": 5, "message": "boom"})
+    events = stream.feed(sse("stream", {}, 5) + failure)
+    assert [event.event for event in events] == ["stream"]  # the control event is kept back
+    for attempt in (1, 2):
+        reconnect = stream.reconnect(URL, float(attempt), 0.0)  # the gateway closed it
+        assert (reconnect.since, reconnect.reason) == (5, "the gateway failed (boom)")
+        assert reconnect.attempt == attempt
+        stream.connect()
+        stream.answered(200, b"")
+        assert stream.feed(failure) == []
+    with pytest.raises(GatewayHTTPError) as raised:
+        stream.reconnect(URL, 3.0, 0.0)
+    assert (raised.value.status, raised.value.reason) == (500, "server_error")
+    assert "after seq 5: boom" in str(raised.value)
+
+
+def test_a_server_error_that_moves_on_is_resumed() -> None:
+    """Each failure further on (progress in between) counts afresh."""
+    stream = opened(since=0)
+    for seq in range(1, 6):
+        stream.feed(sse("stream", {}, seq) + sse("server_error", {"message": "x"}))
+        stream.reconnect(URL, float(seq), 0.0)
+        stream.connect()
+        stream.answered(200, b"")
+    assert stream.cursor == 5
+
+
+def test_a_server_error_followed_by_the_last_event_ends_the_stream_normally() -> None:
+    """The execute API's summary that could not be written whole: ``server_error`` then
+    ``done``; the stream is over, with ``done`` delivered."""
+    stream = ResumableStream("/e", 0, ends_with=frozenset({"done"}), backoff=Backoff())
+    stream.connect()
+    stream.answered(200, b"")
+    events = stream.feed(sse("server_error", {"message": "x"}) + sse("done", {"status": "ok"}, 9))
+    assert [event.event for event in events] == ["done"]
+    assert stream.finished
+
+
+@pytest.mark.parametrize("status", [400, 404, 409, 500, 501])
+def test_an_error_answer_on_a_resumed_stream_is_raised_at_once(status: int) -> None:
+    stream = opened(since=0)
+    stream.failed(URL, OSError("reset"))
+    stream.reconnect(URL, 0.0, 0.0)
+    stream.connect()
+    with pytest.raises(GatewayHTTPError) as raised:
+        stream.answered(status, b'{"reason": "r", "message": "m"}')
+    assert raised.value.status == status
