@@ -14,11 +14,13 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPResponse
 
-from kernel_gateway_stream.client import GatewayClient
+from kernel_gateway_stream.client import GatewayClient, GatewayHTTPError, SyncGatewayClient
 
 from ..integration.daemon import TOKEN, Daemon
+from ..integration.scripted import ScriptedGateway, sse, sse_response
 from ..integration.sseclient import SSEReader
 from ..timing import seconds
 
@@ -203,3 +205,49 @@ async def test_the_python_client_returns_in_bounded_time(daemon: Daemon) -> None
     assert '"execution_count": 1e999}' in result.stdout
     check_result(result.outputs)
     assert "Traceback" not in daemon.log_text()
+
+
+def json_response(status: bytes, body: Any) -> bytes:
+    data = json.dumps(body).encode()
+    head = b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+        status,
+        len(data),
+    )
+    return head + b"Connection: close\r\n\r\n" + data
+
+
+@pytest.mark.parametrize("kind", [GatewayClient, SyncGatewayClient])
+def test_execute_ends_with_a_clear_error_when_the_gateway_keeps_failing(kind: Any) -> None:
+    """What the client did against a gateway that failed on the same record at each resume
+    (as it did on a kernel's 1e999): it resumed for ever. Now the third ``server_error``
+    at one place ends ``execute()`` with a 500, after four requests in all."""
+    failure = sse("server_error", {"reason": "server_error", "last_seq": 1, "message": "boom"})
+    server = ScriptedGateway(
+        [
+            json_response(b"201 Created", {"msg_id": "m-1", "kernel_id": "k1"}),
+            sse_response(sse("stdout", {"text": "a"}, 1), failure),
+            *[sse_response(failure) for _ in range(5)],
+        ]
+    )
+    lines: list[str] = []
+    client = kind(server.url, "token", reconnect_delay=0.01, reconnect_deadline=seconds(60))
+
+    def execute() -> None:
+        if isinstance(client, SyncGatewayClient):
+            client.execute("k1", "1", on_stdout=lines.append)
+        else:
+            run = client.execute("k1", "1", on_stdout=lines.append)
+            asyncio.run(asyncio.wait_for(run, seconds(60)))
+
+    try:
+        with pytest.raises(GatewayHTTPError) as raised:
+            execute()
+    finally:
+        if isinstance(client, SyncGatewayClient):
+            client.close()
+        server.close()
+    assert (raised.value.status, raised.value.reason) == (500, "server_error")
+    assert "boom" in str(raised.value)
+    assert lines == ["a"]
+    assert len(server.requests) == 4
+    assert [headers.get("last-event-id") for _, headers in server.requests[2:]] == ["1", "1"]
