@@ -46,13 +46,13 @@ def redis_url() -> str:
 
 
 class Cluster:
-    """Three daemons on one Redis, under a key prefix of their own."""
+    """Daemons (three unless ``names`` says) on one Redis, under a key prefix of their own."""
 
-    def __init__(self, root: Path, url: str) -> None:
+    def __init__(self, root: Path, url: str, names: str = "abc") -> None:
         self.url = url
         self.prefix = f"kgs-test-{uuid.uuid4().hex[:8]}:"
         self.nodes = {}
-        for name in "abc":
+        for name in names:
             (root / name).mkdir()
             self.nodes[name] = Daemon(root / name)
 
