@@ -8,8 +8,14 @@ c.ServerApp.ip = "0.0.0.0"  # with a token (JUPYTER_TOKEN), the same on every no
 c.ServerApp.port = 8888
 
 # -- Redis: transcripts, record bus, kernel directory, leases ----------------------------
-# Or the KGS_REDIS_URL environment variable. rediss:// for TLS; a password goes in the URL.
-c.GatewayStreamApp.redis_url = "redis://redis.internal:6379/0"
+# Redis must ask for a password (requirepass or an ACL) and be out of the kernels' reach:
+# a node refuses to start on a Redis that answers without one. Give the URL, password
+# included, in the KGS_REDIS_URL environment variable, never here (kernels may read this
+# file) nor on the command line (every local user reads it in /proc/<pid>/cmdline):
+#   KGS_REDIS_URL='redis://:<password>@redis.internal:6379/0'   (rediss:// for TLS)
+# And the cluster secret, the same on every node (16 characters or more), in
+# KGS_CLUSTER_SECRET: nodes sign their URLs and the kernel directory with it.
+# c.ClusterNode.allow_unauthenticated_redis = False  # True only if no kernel reaches Redis
 c.RedisTranscriptStore.key_prefix = "kgs:"  # one prefix per cluster sharing this Redis
 c.RedisTranscriptStore.max_records_per_kernel = 1_000_000  # XADD MAXLEN ~
 c.RedisTranscriptStore.max_pending_bytes = 64 * 1024 * 1024  # unwritten records, then gaps
