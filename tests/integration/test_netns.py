@@ -1,9 +1,11 @@
 """Kernels in a network namespace of their own (:mod:`kernel_gateway_stream.kernels.netns`).
 
 The kernel is reachable only over a veth pair and TCP, as a kernel in a container would
-be. With jupyter_client alone: it starts, runs code, listens at its namespace's address,
-answers interrupts, keeps its namespace across a restart and leaves nothing behind, even
-when it crashed. Through the real daemon: a 20,000-line flood is recorded whole, and a
+be. With jupyter_client alone: it starts, runs code as a user of its own in a home of its
+own, listens at its namespace's address, answers interrupts, keeps its namespace and user
+across a restart and leaves nothing behind, even when it crashed and a process of its
+escaped into a namespace of its own. (What it cannot reach: tests/security/
+test_netns_escape.py.) Through the real daemon: a 20,000-line flood is recorded whole, and a
 link that goes down mid-run loses nothing, shows the kernel ``unreachable`` meanwhile and
 records it in the transcript.
 
@@ -22,8 +24,10 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from importlib.metadata import entry_points
@@ -38,12 +42,18 @@ from kernel_gateway_stream.client import GatewayClient
 from kernel_gateway_stream.kernels import netns
 from kernel_gateway_stream.kernels.netns import (
     DEFAULT_SUBNET_POOL,
+    DEFAULT_UID_BASE,
     PROVISIONER_NAME,
+    KernelNetwork,
+    KernelUser,
     choose_subnet,
+    firewall_ruleset,
     host_interface_name,
     install_netns_kernelspec,
+    kernel_user,
     namespace_name,
 )
+from kernel_gateway_stream.kernels.netns_enter import blocking_ancestor, setpriv_argv
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
@@ -186,6 +196,74 @@ def test_a_free_subnet_overlaps_no_address_of_the_host() -> None:
     assert len(host_interface_name("3e468ada-1234-5678")) <= 15
 
 
+def test_each_kernel_on_the_host_has_a_user_of_its_own() -> None:
+    pool = ipaddress.IPv4Network("10.213.0.0/16")
+    users = [
+        kernel_user(KernelNetwork.for_kernel(f"{n:08x}-0000", subnet), pool, 5000, 7000, "/state")
+        for n, subnet in enumerate(pool.subnets(new_prefix=30))
+    ]
+    assert len({user.uid for user in users}) == len(users) == 2**14
+    assert (users[0].uid, users[0].gid, users[-1].uid) == (5000, 7000, 5000 + 2**14 - 1)
+    assert users[1] == KernelUser(5001, 7001, "/state/kgs-00000001")
+    assert users[1].home == "/state/kgs-00000001/home"
+    network = KernelNetwork.for_kernel("00000001-0000", ipaddress.IPv4Network("10.213.0.4/30"))
+    with_user = KernelNetwork(network.namespace, network.host_interface, network.subnet, users[1])
+    assert KernelNetwork.from_dict(with_user.as_dict()) == with_user  # kept to re-attach
+    assert KernelNetwork.from_dict(network.as_dict()) == network
+    with pytest.raises(ValueError, match="not in subnet pool"):
+        kernel_user(network, ipaddress.IPv4Network("10.99.0.0/16"), 5000, 5000, "/state")
+    with pytest.raises(ValueError, match="out of range"):
+        kernel_user(network, pool, 2**31 - 2, 5000, "/state")
+    assert DEFAULT_UID_BASE > 65535
+
+
+def test_the_firewall_accepts_only_the_kernels_ports_and_replies() -> None:
+    rules = firewall_ruleset([20005, 20001, 20003, 20002, 20004])
+    input_chain, output_chain = rules.split("chain input")[1].split("chain output")
+    assert "policy drop;" in input_chain
+    assert "policy drop;" in output_chain
+    assert "tcp dport { 20001, 20002, 20003, 20004, 20005 } ct state new accept" in input_chain
+    # Nothing the kernel opens leaves the namespace: output keeps loopback and replies.
+    assert [line.strip() for line in output_chain.splitlines()][2:4] == [
+        'oif "lo" accept',
+        "ct state established,related accept",
+    ]
+    assert "accept" not in output_chain.split("established,related accept")[1]
+    assert rules.startswith("table inet kernel_gateway_stream {}\ndelete table")
+
+
+def test_what_the_kernel_could_not_reach_is_exposed() -> None:
+    """The directory netns_enter covers with a tmpfs: the first on the way that the
+    kernel's user may not search."""
+    with tempfile.TemporaryDirectory() as base:  # not tmp_path: pytest's root is 0700
+        os.chmod(base, 0o755)
+        closed = Path(base, "closed")
+        inside = closed / "python" / "lib"
+        inside.mkdir(parents=True)
+        closed.chmod(0o700)
+        uid, gid = 5000, 5000
+        assert blocking_ancestor(str(inside), uid, gid) == str(closed)
+        assert blocking_ancestor(str(closed), uid, gid) is None  # itself does not count
+        closed.chmod(0o701)  # others may search it now
+        assert blocking_ancestor(str(inside), uid, gid) is None
+        os.chown(closed, os.getuid(), gid)
+        closed.chmod(0o710)  # the group's search bit is the one that counts for gid
+        assert blocking_ancestor(str(inside), uid, gid) is None
+        assert blocking_ancestor(str(inside), uid, gid + 1) == str(closed)
+    assert setpriv_argv("/bin/setpriv", uid, gid, ["python", "-c", "1"]) == [
+        "/bin/setpriv",
+        "--reuid=5000",
+        "--regid=5000",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+        *("python", "-c", "1"),
+    ]
+
+
 def test_the_kernelspec_and_its_installer(tmp_path: Path) -> None:
     done = subprocess.run(
         [
@@ -282,6 +360,31 @@ async def test_a_kernel_runs_in_its_own_namespace(kernel_manager: AsyncKernelMan
         interfaces, own_address = stdout.splitlines()
         assert interfaces == "['eth0', 'lo']"
         assert own_address.split("/")[0] == str(address)
+        # It runs as its user, in its own home, reading its copy of the connection file.
+        user = km.provisioner.network.user  # type: ignore[union-attr]
+        assert user is not None
+        assert user.uid >= DEFAULT_UID_BASE
+        home = os.stat(user.home)
+        assert (home.st_uid, home.st_gid, stat.S_IMODE(home.st_mode)) == (
+            user.uid,
+            user.gid,
+            0o700,
+        )
+        _, stdout = await run(
+            client,
+            "import os, json\n"
+            "from ipykernel.kernelapp import IPKernelApp\n"
+            "print(json.dumps([os.getuid(), os.getgid(), os.getgroups(), os.getcwd(),"
+            " os.environ['HOME'], IPKernelApp.instance().connection_file]))",
+        )
+        assert json.loads(stdout) == [
+            user.uid,
+            user.gid,
+            [],
+            user.home,
+            user.home,
+            user.connection_file,
+        ]
         # The host reaches it over TCP, at that address.
         for port in (info["shell_port"], info["hb_port"]):
             with socket.create_connection((str(address), port), timeout=seconds(10)):
@@ -291,6 +394,7 @@ async def test_a_kernel_runs_in_its_own_namespace(kernel_manager: AsyncKernelMan
         await km.shutdown_kernel()
     assert name not in listed_namespaces()
     assert host_interface_name(kernel_id) not in host_links()
+    assert not Path(user.directory).exists()
 
 
 async def test_interrupt_and_restart_keep_the_namespace(
@@ -302,6 +406,7 @@ async def test_interrupt_and_restart_keep_the_namespace(
         name = namespace_name(str(km.kernel_id))
         info = km.get_connection_info()
         first_pid = km.provisioner.pid  # type: ignore[union-attr]
+        user = km.provisioner.network.user  # type: ignore[union-attr]
         msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
         while True:  # until the cell runs
             msg = await client.get_iopub_msg(timeout=seconds(60))
@@ -327,6 +432,9 @@ async def test_interrupt_and_restart_keep_the_namespace(
         assert namespace_of(second_pid) == name
         reply, stdout = await run(client, "import os\nprint(os.getpid())")
         assert stdout == f"{second_pid}\n"  # ip netns exec became the kernel
+        assert km.provisioner.network.user == user  # type: ignore[union-attr]
+        _, stdout = await run(client, "import os\nprint(os.getuid())")
+        assert stdout == f"{user.uid}\n"
     finally:
         client.stop_channels()
         await km.shutdown_kernel()
@@ -338,13 +446,20 @@ async def test_a_crashed_kernel_leaves_no_namespace(kernel_manager: AsyncKernelM
     client = await start(km)
     name = namespace_name(str(km.kernel_id))
     try:
-        # A process that left the kernel's process group still runs in the namespace.
+        # A process that left the kernel's process group still runs in the namespace;
+        # another made a user and network namespace of its own (any user may), out of
+        # the reach of `ip netns pids`.
         _, stdout = await run(
             client,
             "import subprocess\n"
-            "print(subprocess.Popen(['sleep', '600'], start_new_session=True).pid)",
+            "print(subprocess.Popen(['sleep', '600'], start_new_session=True).pid)\n"
+            "nested = subprocess.Popen(['unshare', '-Urn', 'sh', '-c', 'echo in; sleep 600'],"
+            " start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
+            "assert nested.stdout.readline() == 'in\\n'\n"
+            "print(nested.pid)",
         )
-        escaped = int(stdout)
+        escaped, nested = map(int, stdout.split())
+        assert namespace_of(nested) != name
         os.kill(km.provisioner.pid, signal.SIGKILL)  # type: ignore[union-attr]
         deadline = time.monotonic() + seconds(30)
         while await km.is_alive():
@@ -358,9 +473,10 @@ async def test_a_crashed_kernel_leaves_no_namespace(kernel_manager: AsyncKernelM
     assert name not in listed_namespaces()
     assert host_interface_name(str(km.kernel_id)) not in host_links()
     deadline = time.monotonic() + seconds(30)
-    while Path(f"/proc/{escaped}").exists() and "Z" not in _state(escaped):
-        assert time.monotonic() < deadline, "the escaped process was not killed"
-        await asyncio.sleep(0.1)
+    for pid in (escaped, nested):
+        while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid):
+            assert time.monotonic() < deadline, f"the escaped process {pid} was not killed"
+            await asyncio.sleep(0.1)
 
 
 def _state(pid: int) -> str:
@@ -482,6 +598,9 @@ async def test_a_kernel_re_attached_after_a_gateway_crash_takes_its_namespace_wi
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
         kernel_id = await client.start_kernel(KERNEL_NAME)
         assert (await client.execute(kernel_id, "state = 'kept'")).ok
+        home = (await client.execute(kernel_id, "import os\nprint(os.getcwd())")).stdout
+    kernel_directory = Path(home.strip()).parent
+    assert kernel_directory.is_dir()
     name = namespace_name(kernel_id)
     pids = [int(pid) for pid in ip("netns", "pids", name).split()]
     try:
@@ -498,6 +617,7 @@ async def test_a_kernel_re_attached_after_a_gateway_crash_takes_its_namespace_wi
         while name in listed_namespaces() or host_interface_name(kernel_id) in host_links():
             assert time.monotonic() < deadline, daemon.log_text()
             await asyncio.sleep(0.2)
+        assert not kernel_directory.exists()
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
