@@ -1032,10 +1032,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             ip_command = require_netns_support()
             namespaces(ip_command)
+            require_command("setpriv", "util-linux")
+            require_command("nft", "nftables")
         except RuntimeError as error:
             print(f"no: {error}", file=sys.stderr)
             return 1
-        print("yes: root, and", ip_command, "lists network namespaces")
+        print("yes: root, setpriv, nft, and", ip_command, "lists network namespaces")
         return 0
     config: dict[str, Any] = {}
     if options.subnet_pool:

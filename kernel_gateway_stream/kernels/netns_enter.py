@@ -107,6 +107,8 @@ def expose(directories: Sequence[str], uid: int, gid: int) -> list[str]:
     blocked: dict[str, list[str]] = {}
     for directory in directories:
         directory = os.path.realpath(directory)
+        if not os.path.isdir(directory):
+            continue  # nothing to expose (a prefix configured for another host)
         ancestor = blocking_ancestor(directory, uid, gid)
         if ancestor is not None:
             blocked.setdefault(ancestor, []).append(directory)
