@@ -4,6 +4,10 @@
   the gateway's secrets in its environment, and says when a restart is asked for.
 * :class:`StreamMappingKernelManager`, for all of them: shutdowns that wait out a restart.
 
+With ``--KernelManager.transport=ipc`` a kernel's five sockets are Unix sockets in a
+directory only the gateway's user can enter (:func:`private_ipc_directory`), so that
+another local user cannot subscribe to its IOPub as it can to a TCP port on 127.0.0.1.
+
 Why the second one. jupyter_client's ``KernelManager`` marks a start, restart or shutdown in
 progress by replacing its ``ready`` future with a pending one (``in_pending_state``), and
 its ``MultiKernelManager._async_shutdown_kernel`` then reads ``km.ready.exception()``
@@ -20,8 +24,13 @@ meet there, so this is where shutdowns and restarts are put in order.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
+import functools
 import os
 import sys
+import tempfile
+import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -32,12 +41,14 @@ from jupyter_server.services.kernels.kernelmanager import (
     ServerKernelManager,
 )
 from tornado import web
+from traitlets import default
 
 __all__ = [
     "LAUNCHER_MODULE",
     "StreamKernelManager",
     "StreamMappingKernelManager",
     "lossless_ipykernel_command",
+    "private_ipc_directory",
     "until_settled",
     "without_secrets",
 ]
@@ -58,6 +69,27 @@ def lossless_ipykernel_command(command: list[str], executable: str) -> list[str]
     if os.path.realpath(command[0]) != os.path.realpath(executable):
         return command
     return [command[0], "-m", LAUNCHER_MODULE, *command[3:]]
+
+
+@functools.cache
+def private_ipc_directory() -> str:
+    """A directory of this process's own (0700, made afresh, not a name another user
+    could have taken first) for kernels' IPC sockets, with a short path: a Unix socket's
+    path holds 107 bytes (``sun_path``), which jupyter_client's default (beside the
+    connection file, in the runtime directory) easily passes. Under ``$XDG_RUNTIME_DIR``
+    where there is one (never cleaned while the user is logged in), else the temporary
+    directory. It outlives the gateway, as the kernels whose sockets it holds do."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not (base and os.path.isdir(base) and os.access(base, os.W_OK)):
+        base = tempfile.gettempdir()
+    directory = tempfile.mkdtemp(prefix="kgs-ipc-", dir=base)
+    atexit.register(_remove_if_empty, directory)
+    return directory
+
+
+def _remove_if_empty(directory: str) -> None:
+    with contextlib.suppress(OSError):  # kernels that outlive the gateway still use it
+        os.rmdir(directory)
 
 
 def without_secrets(
@@ -95,6 +127,13 @@ class StreamKernelManager(ServerKernelManager):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lifecycle_hooks: list[Callable[[str], None]] = []
+
+    @default("ip")
+    def _default_ip(self) -> str:
+        if self.transport == "ipc":
+            name = (self.kernel_id or uuid.uuid4().hex).replace("-", "")
+            return os.path.join(private_ipc_directory(), name)
+        return str(super()._ip_default())
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         command: list[str] = super().format_kernel_cmd(extra_arguments)
