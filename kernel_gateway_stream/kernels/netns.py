@@ -29,7 +29,7 @@ For each kernel, :class:`NetnsProvisioner`
   or signal, trace or read another kernel. Its home and working directory is
   ``<runtime_directory>/<namespace>/home`` (its own, mode 0700), and it reads a copy of
   its connection file in ``<runtime_directory>/<namespace>`` (root's, readable by its
-  group only);
+  group only); :mod:`.netns_confinement` has the details;
 * loads an nftables table into the namespace (root's: the kernel cannot change it) whose
   input accepts only new TCP connections to the kernel's five ports, and whose output
   accepts only the replies of connections made to the kernel: whatever the kernel itself
@@ -69,7 +69,6 @@ import random
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -84,35 +83,38 @@ from jupyter_client.manager import KernelManager
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from traitlets import Int, List, TraitError, Unicode, default, validate
 
+from .netns_confinement import (
+    DEFAULT_UID_BASE,
+    KernelUser,
+    apply_firewall,
+    kernel_environment,
+    kernel_user,
+    kill_user_processes,
+    prepare_kernel_directory,
+    remove_kernel_directory,
+    require_command,
+)
+
 __all__ = [
     "DEFAULT_DISPLAY_NAME",
     "DEFAULT_KERNEL_NAME",
     "DEFAULT_SUBNET_POOL",
-    "DEFAULT_UID_BASE",
     "PROVISIONER_NAME",
     "KernelNetwork",
-    "KernelUser",
     "NetnsProvisioner",
-    "apply_firewall",
     "build_network",
     "choose_ports",
     "choose_subnet",
     "create_network",
     "delete_network",
-    "firewall_ruleset",
     "host_interface_name",
     "host_networks",
     "install_netns_kernelspec",
-    "kernel_user",
-    "kill_user_processes",
     "main",
     "namespace_name",
     "namespaces",
     "netns_kernelspec",
     "parse_pool",
-    "prepare_kernel_directory",
-    "remove_kernel_directory",
-    "require_command",
     "require_netns_support",
 ]
 
@@ -121,11 +123,6 @@ PROVISIONER_NAME = "netns-provisioner"
 DEFAULT_KERNEL_NAME = "python3-netns"
 DEFAULT_DISPLAY_NAME = "Python 3 (own network namespace)"
 DEFAULT_SUBNET_POOL = "10.213.0.0/16"
-#: The first of the kernels' users and groups: 0x70000000, above the ranges that systemd
-#: gives to users, dynamic users and containers (systemd's "UIDs and GIDs" document).
-DEFAULT_UID_BASE = 0x70000000
-#: The nftables table loaded into each kernel's namespace.
-FIREWALL_TABLE = "kernel_gateway_stream"
 
 #: Each kernel's link: network, host side, kernel side, broadcast.
 _LINK_PREFIX = 30
@@ -137,21 +134,6 @@ _PORT_RANGE = range(20000, 32000)
 _IP_TIMEOUT = 30.0
 _KERNEL_NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)
 _ENTER_SCRIPT = str(Path(__file__).with_name("netns_enter.py"))
-_CONNECTION_FILE_NAME = "connection.json"
-#: Variables that would point the kernel at directories of the gateway's user; without
-#: them Jupyter and IPython use the kernel's own home.
-_HOME_VARIABLES = (
-    "IPYTHONDIR",
-    "JUPYTER_CONFIG_DIR",
-    "JUPYTER_DATA_DIR",
-    "JUPYTER_RUNTIME_DIR",
-    "XDG_CACHE_HOME",
-    "XDG_CONFIG_HOME",
-    "XDG_DATA_HOME",
-    "XDG_RUNTIME_DIR",
-)
-
-
 # -- names and addresses (pure) ---------------------------------------------------------
 
 
@@ -248,88 +230,6 @@ def choose_ports(count: int) -> list[int]:
     return random.SystemRandom().sample(_PORT_RANGE, count)
 
 
-@dataclass(frozen=True, slots=True)
-class KernelUser:
-    """The user and group a kernel runs as, and its directory.
-
-    ``directory`` (root's, mode 0750, group ``gid``) holds the copy of the connection file
-    the kernel reads and ``home``, the kernel's home and working directory (``uid``'s,
-    mode 0700).
-    """
-
-    uid: int
-    gid: int
-    directory: str
-
-    @property
-    def home(self) -> str:
-        return os.path.join(self.directory, "home")
-
-    @property
-    def connection_file(self) -> str:
-        return os.path.join(self.directory, _CONNECTION_FILE_NAME)
-
-    def as_dict(self) -> dict[str, str]:
-        return {"uid": str(self.uid), "gid": str(self.gid), "directory": self.directory}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, str]) -> KernelUser:
-        return cls(int(data["uid"]), int(data["gid"]), str(data["directory"]))
-
-
-def kernel_user(
-    network: KernelNetwork,
-    pool: ipaddress.IPv4Network,
-    uid_base: int,
-    gid_base: int,
-    runtime_directory: str,
-) -> KernelUser:
-    """The user of the kernel on ``network``: ``uid_base + n`` and ``gid_base + n`` for
-    the n-th /30 of ``pool``. A /30 belongs to one live kernel on the host, so does its
-    user.
-
-    Raises:
-        ValueError: ``network`` is not in ``pool``, or the uid or gid would be 0 or
-            beyond 2**31 - 2.
-    """
-    if not network.subnet.subnet_of(pool):
-        raise ValueError(f"kernel network {network.subnet} is not in subnet pool {pool}")
-    index = (int(network.subnet.network_address) - int(pool.network_address)) >> (32 - _LINK_PREFIX)
-    uid, gid = uid_base + index, gid_base + index
-    for name, value in (("uid", uid), ("gid", gid)):
-        if not 0 < value < 2**31 - 1:
-            raise ValueError(f"kernel {name} {value} is out of range (1 to 2**31 - 2)")
-    return KernelUser(uid, gid, os.path.join(runtime_directory, network.namespace))
-
-
-def firewall_ruleset(ports: Iterable[int]) -> str:
-    """The nftables script for a kernel's namespace whose kernel listens on ``ports``.
-
-    Input: loopback, replies, and new TCP connections to ``ports`` through the veth pair.
-    Output: loopback and replies only, so a connection the kernel opens is dropped (its
-    ``connect`` fails at once with EPERM). The ``inet`` family covers IPv6 too (the veth
-    pair has link-local addresses). Loading it replaces the table whole, atomically.
-    """
-    listed = ", ".join(str(port) for port in sorted(set(ports)))
-    return (
-        f"table inet {FIREWALL_TABLE} {{}}\n"
-        f"delete table inet {FIREWALL_TABLE}\n"
-        f"table inet {FIREWALL_TABLE} {{\n"
-        "  chain input {\n"
-        "    type filter hook input priority filter; policy drop;\n"
-        '    iif "lo" accept\n'
-        "    ct state established,related accept\n"
-        f'    iifname "{_NAMESPACE_INTERFACE}" tcp dport {{ {listed} }} ct state new accept\n'
-        "  }\n"
-        "  chain output {\n"
-        "    type filter hook output priority filter; policy drop;\n"
-        '    oif "lo" accept\n'
-        "    ct state established,related accept\n"
-        "  }\n"
-        "}\n"
-    )
-
-
 # -- the host's network (blocking: call from a thread) -----------------------------------
 
 
@@ -348,21 +248,6 @@ def require_netns_support(ip_command: str = "ip") -> str:
         raise RuntimeError(
             f"kernels in their own network namespace need iproute2's {ip_command!r} command, "
             "which is not on PATH"
-        )
-    return found
-
-
-def require_command(command: str, package: str) -> str:
-    """The path of ``command``.
-
-    Raises:
-        RuntimeError: it is not on PATH (the message names Debian's ``package``).
-    """
-    found = shutil.which(command)
-    if found is None:
-        raise RuntimeError(
-            f"kernels in their own network namespace need {command!r}, which is not on PATH "
-            f"(apt-get install {package})"
         )
     return found
 
@@ -496,112 +381,6 @@ def delete_network(network: KernelNetwork, ip_command: str = "ip") -> None:
         _ip(ip_command, "netns", "del", network.namespace)
     if network.user is not None:
         remove_kernel_directory(network.user)
-
-
-def apply_firewall(
-    network: KernelNetwork, ports: Iterable[int], ip_command: str = "ip", nft_command: str = "nft"
-) -> None:
-    """Load :func:`firewall_ruleset` into ``network``'s namespace (replacing what was).
-
-    Raises:
-        RuntimeError: ``nft`` failed; the message is its one-line reason.
-    """
-    done = subprocess.run(
-        [ip_command, "netns", "exec", network.namespace, nft_command, "-f", "-"],
-        input=firewall_ruleset(ports),
-        capture_output=True,
-        text=True,
-        timeout=_IP_TIMEOUT,
-    )
-    if done.returncode != 0:
-        reason = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
-        raise RuntimeError(f"nft in {network.namespace}: {reason}")
-
-
-def _private_root_directory(path: str) -> None:
-    """Make ``path`` (mode 0711), or check that it is root's and only root can write in it:
-    a directory that someone else made (in /tmp, say) could be theirs to swap."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o711)
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
-        raise RuntimeError(f"{path} must be a directory of root's that nobody else can write to")
-    os.chmod(path, (info.st_mode & 0o7777) | 0o111)  # every kernel's user passes through
-
-
-def prepare_kernel_directory(
-    user: KernelUser, runtime_directory: str, connection_file: str
-) -> None:
-    """Make ``user``'s directory and home, and copy ``connection_file`` for it to read.
-
-    The directory is root's (group ``user.gid``, 0750), so the kernel can neither replace
-    the copy nor anyone else's directory be entered by it; the copy is root's, group
-    ``user.gid``, 0440; the home is ``user.uid``'s, 0700 (made again if another user owns
-    it: a kernel whose network was made again has a new user). Run at every start.
-
-    Raises:
-        RuntimeError: ``runtime_directory`` is not safely root's.
-        OSError: a file operation failed.
-    """
-    _private_root_directory(runtime_directory)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(user.directory, 0o750)
-    info = os.lstat(user.directory)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0:
-        raise RuntimeError(f"{user.directory} is not a directory of root's")
-    os.chown(user.directory, 0, user.gid)
-    os.chmod(user.directory, 0o750)
-    with contextlib.suppress(FileNotFoundError):
-        if os.lstat(user.home).st_uid != user.uid:
-            shutil.rmtree(user.home)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(user.home, 0o700)
-    # Safe by path: only root can change the entries of user.directory.
-    os.chown(user.home, user.uid, user.gid)
-    os.chmod(user.home, 0o700)
-    content = Path(connection_file).read_bytes()
-    staged = user.connection_file + ".new"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(staged)
-    descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o440)
-    try:
-        os.fchown(descriptor, 0, user.gid)
-        os.fchmod(descriptor, 0o440)
-        os.write(descriptor, content)
-    finally:
-        os.close(descriptor)
-    os.replace(staged, user.connection_file)
-
-
-def remove_kernel_directory(user: KernelUser) -> None:
-    """Delete ``user``'s directory, home included; what is gone already is skipped."""
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(user.directory)
-
-
-def kill_user_processes(user: KernelUser) -> None:
-    """SIGKILL every process of ``user.uid``: a process that made a namespace of its own
-    (``unshare -Urn``) is no longer in the kernel's, and the next kernel on its /30 gets
-    its user. Sent by a process of that user, as ``kill(-1, SIGKILL)``: it reaches them
-    all at once, those forking meanwhile included, and nothing else.
-
-    Raises:
-        RuntimeError: ``kill`` could not be run.
-    """
-    kill = require_command("kill", "procps")
-    try:
-        subprocess.run(
-            [kill, "-KILL", "--", "-1"],
-            user=user.uid,
-            group=user.gid,
-            extra_groups=[],
-            capture_output=True,
-            timeout=_IP_TIMEOUT,
-            stdin=subprocess.DEVNULL,
-            cwd="/",
-        )
-    except (OSError, subprocess.SubprocessError) as error:
-        raise RuntimeError(f"killing the processes of uid {user.uid}: {error}") from error
 
 
 # -- the provisioner ---------------------------------------------------------------------
@@ -797,7 +576,14 @@ class NetnsProvisioner(KernelProvisionerBase):
                 prepare_kernel_directory, user, self.runtime_directory, km.connection_file
             )
             kernel_ports = [getattr(km, name) for name in _PORT_NAMES]
-            await asyncio.to_thread(apply_firewall, network, kernel_ports, ip_command, nft_command)
+            await asyncio.to_thread(
+                apply_firewall,
+                network.namespace,
+                _NAMESPACE_INTERFACE,
+                kernel_ports,
+                ip_command,
+                nft_command,
+            )
         except BaseException:
             if created:
                 await self._delete_network()
@@ -824,7 +610,8 @@ class NetnsProvisioner(KernelProvisionerBase):
         a network kept across a restart keeps its user)."""
         if network.user is None:
             user = kernel_user(
-                network,
+                network.namespace,
+                network.subnet,
                 parse_pool(self.subnet_pool),
                 self.uid_base,
                 self.gid_base,
@@ -924,13 +711,6 @@ class NetnsProvisioner(KernelProvisionerBase):
         self.pgid = provisioner_info.get("pgid")
         network = provisioner_info.get("network")
         self.network = None if network is None else KernelNetwork.from_dict(network)
-
-
-def kernel_environment(environment: Mapping[str, str], user: KernelUser) -> dict[str, str]:
-    """``environment`` for a kernel running as ``user``: its own home, and none of the
-    variables that would point it at the gateway user's Jupyter and IPython directories."""
-    kept = {name: value for name, value in environment.items() if name not in _HOME_VARIABLES}
-    return {**kept, "HOME": user.home, "USER": f"uid{user.uid}", "LOGNAME": f"uid{user.uid}"}
 
 
 # -- kernelspec --------------------------------------------------------------------------

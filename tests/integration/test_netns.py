@@ -42,16 +42,18 @@ from kernel_gateway_stream.client import GatewayClient
 from kernel_gateway_stream.kernels import netns
 from kernel_gateway_stream.kernels.netns import (
     DEFAULT_SUBNET_POOL,
-    DEFAULT_UID_BASE,
     PROVISIONER_NAME,
     KernelNetwork,
-    KernelUser,
     choose_subnet,
-    firewall_ruleset,
     host_interface_name,
     install_netns_kernelspec,
-    kernel_user,
     namespace_name,
+)
+from kernel_gateway_stream.kernels.netns_confinement import (
+    DEFAULT_UID_BASE,
+    KernelUser,
+    firewall_ruleset,
+    kernel_user,
 )
 from kernel_gateway_stream.kernels.netns_enter import blocking_ancestor, setpriv_argv
 
@@ -199,7 +201,7 @@ def test_a_free_subnet_overlaps_no_address_of_the_host() -> None:
 def test_each_kernel_on_the_host_has_a_user_of_its_own() -> None:
     pool = ipaddress.IPv4Network("10.213.0.0/16")
     users = [
-        kernel_user(KernelNetwork.for_kernel(f"{n:08x}-0000", subnet), pool, 5000, 7000, "/state")
+        kernel_user(namespace_name(f"{n:08x}-0000"), subnet, pool, 5000, 7000, "/state")
         for n, subnet in enumerate(pool.subnets(new_prefix=30))
     ]
     assert len({user.uid for user in users}) == len(users) == 2**14
@@ -211,18 +213,19 @@ def test_each_kernel_on_the_host_has_a_user_of_its_own() -> None:
     assert KernelNetwork.from_dict(with_user.as_dict()) == with_user  # kept to re-attach
     assert KernelNetwork.from_dict(network.as_dict()) == network
     with pytest.raises(ValueError, match="not in subnet pool"):
-        kernel_user(network, ipaddress.IPv4Network("10.99.0.0/16"), 5000, 5000, "/state")
+        kernel_user("kgs-1", network.subnet, ipaddress.IPv4Network("10.99.0.0/16"), 1, 1, "/s")
     with pytest.raises(ValueError, match="out of range"):
-        kernel_user(network, pool, 2**31 - 2, 5000, "/state")
+        kernel_user("kgs-1", network.subnet, pool, 2**31 - 2, 5000, "/state")
     assert DEFAULT_UID_BASE > 65535
 
 
 def test_the_firewall_accepts_only_the_kernels_ports_and_replies() -> None:
-    rules = firewall_ruleset([20005, 20001, 20003, 20002, 20004])
+    rules = firewall_ruleset("eth0", [20005, 20001, 20003, 20002, 20004])
     input_chain, output_chain = rules.split("chain input")[1].split("chain output")
     assert "policy drop;" in input_chain
     assert "policy drop;" in output_chain
-    assert "tcp dport { 20001, 20002, 20003, 20004, 20005 } ct state new accept" in input_chain
+    ports = "{ 20001, 20002, 20003, 20004, 20005 }"
+    assert f'iifname "eth0" tcp dport {ports} ct state new accept' in input_chain
     # Nothing the kernel opens leaves the namespace: output keeps loopback and replies.
     assert [line.strip() for line in output_chain.splitlines()][2:4] == [
         'oif "lo" accept',
