@@ -75,6 +75,7 @@ from .secrets import (
 )
 from .stores.base import TranscriptStore
 from .stores.redis import RedisTranscriptStore
+from .stores.redis_trust import password_of
 from .stores.sqlite import SQLiteTranscriptStore
 from .stores.sqlite_schema import create_private_file
 from .tap import KERNEL_ACTIONS_SCHEMA, TapManager
@@ -420,7 +421,8 @@ class GatewayStreamApp(ExtensionApp):
         # KGS_CLUSTER_SECRET are among them).
         redis_url = self.redis_url
         cluster_secret = self.cluster_secret if redis_url else ""
-        self._route_logs(token, serverapp.log)
+        logged_secrets = [token, cluster_secret, (password_of(redis_url) if redis_url else "")]
+        self._route_logs([each or "" for each in logged_secrets], serverapp.log)
         self._log_setup = LogSetup(
             [serverapp.log, self.log], json_lines=self.log_json, path=self.log_file
         )
@@ -536,15 +538,16 @@ class GatewayStreamApp(ExtensionApp):
             self.log.info("Recovered transcript %s: seqs %d-%d were lost (a gap record)",
                           kernel_id, first, last)  # fmt: skip
 
-    def _route_logs(self, token: str, server_log: logging.Logger) -> None:
+    def _route_logs(self, secrets: list[str], server_log: logging.Logger) -> None:
         """The package's own loggers log through the server's handlers, and no handler
-        writes the token (or a ``?token=`` value) anywhere: not the extension's, not the
+        writes the token, Redis's password or the cluster secret (``secrets``), or a
+        ``?token=`` value, anywhere: not the extension's, not the
         server's (jupyter_server logs a failing request's URI, query string included,
         through its own logger), not tornado's, not the root logger's."""
         package = logging.getLogger("kernel_gateway_stream")
         package.parent = self.log
         package.setLevel(self.log.getEffectiveLevel())
-        redacting = RedactingFilter([token] if token else [])
+        redacting = RedactingFilter(secrets)
         loggers = {logging.getLogger()}
         for logger in (self.log, server_log, *map(logging.getLogger, _TORNADO_LOGGERS)):
             while logger is not None:
