@@ -5,7 +5,8 @@ attacker tried: ``nsenter --net=/proc/<gateway pid>/ns/net`` back into the host'
 (the gateway, its loopback and its token live there), a connection to a host service
 bound on 0.0.0.0 and to the gateway's own HTTP port through the host side of its veth
 pair, and reading another kernel's connection file (its copy, and the gateway's original).
-It also reads its own uid and capabilities. A plain kernel of the same daemon runs the
+It also reads its own uid and capabilities, and tries the host over IPv6 too (the veth
+pair's link-local addresses). A plain kernel of the same daemon runs the
 same probe against the same targets, and each probe succeeds there: the probes can fail.
 
 These need root, ``ip netns``, ``setpriv`` and ``nft``; elsewhere they are skipped, except
@@ -14,6 +15,7 @@ under ``CI=true``, where they fail.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -43,9 +45,9 @@ PROBE = """
 import json, os, socket, subprocess
 from ipykernel.kernelapp import IPKernelApp
 
-def connect(port):
+def connect(port, host={host!r}):
     try:
-        with socket.create_connection(({host!r}, port), timeout={timeout}):
+        with socket.create_connection((host, port), timeout={timeout}):
             return "connected"
     except OSError as error:
         return type(error).__name__
@@ -80,6 +82,7 @@ print(json.dumps({{
     "gateway": gateway,
     "nsenter": [nsenter.returncode, nsenter.stderr.strip()],
     "listener": connect({listener_port}),
+    "listener6": connect({listener6_port}, {host6!r}),
     "gateway_port": connect({gateway_port}),
     "own_connection_file": read(IPKernelApp.instance().connection_file),
     "other_connection_files": [read(path) for path in {other_files!r}],
@@ -109,6 +112,31 @@ def host_listener() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
+@pytest.fixture
+def host_listener6() -> Iterator[int]:
+    """A TCP listener on :: of the host (IPv6 only); its port. The veth pair has IPv6
+    link-local addresses whatever the kernel's IPv4 /30."""
+    with socket.socket(socket.AF_INET6) as listener:
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        listener.bind(("::", 0))
+        listener.listen(8)
+        yield listener.getsockname()[1]
+
+
+async def host_link_local(kernel_id: str) -> str:
+    """The host side's IPv6 link-local address, once duplicate address detection has
+    finished (until then it is tentative, and takes no connections)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(30)
+    while True:
+        device = host_interface_name(kernel_id)
+        shown = ip("-6", "-o", "addr", "show", "dev", device, "scope", "link")
+        if shown and "tentative" not in shown:
+            return shown.split()[3].split("/")[0]
+        assert loop.time() < deadline, f"no usable link-local address: {shown!r}"
+        await asyncio.sleep(0.1)
+
+
 def host_address(kernel_id: str) -> str:
     """The host side of the kernel's veth pair, as the host shows it."""
     return (
@@ -134,15 +162,19 @@ async def probe(
     kernel_id: str,
     *,
     host: str,
+    host6: str,
     listener_port: int,
+    listener6_port: int,
     gateway_port: int,
     other_files: list[str],
     other_pid: int,
 ) -> dict[str, Any]:
     code = PROBE.format(
         host=host,
+        host6=host6,
         timeout=seconds(3),
         listener_port=listener_port,
+        listener6_port=listener6_port,
         gateway_port=gateway_port,
         other_files=other_files,
         other_pid=other_pid,
@@ -161,7 +193,7 @@ async def started(daemon: Daemon) -> None:
 
 
 async def test_a_netns_kernel_cannot_leave_its_namespace_nor_reach_the_host(
-    escape_host: None, netns_daemon: Daemon, host_listener: int
+    escape_host: None, netns_daemon: Daemon, host_listener: int, host_listener6: int
 ) -> None:
     daemon = netns_daemon
     await started(daemon)
@@ -178,7 +210,9 @@ async def test_a_netns_kernel_cannot_leave_its_namespace_nor_reach_the_host(
             client,
             attacker,
             host=host_address(attacker),
+            host6=f"{await host_link_local(attacker)}%eth0",  # its end of the pair
             listener_port=host_listener,
+            listener6_port=host_listener6,
             gateway_port=daemon.port,
             other_files=[victim_copy, str(victim_original)],
             other_pid=victim_pid,
@@ -190,6 +224,7 @@ async def test_a_netns_kernel_cannot_leave_its_namespace_nor_reach_the_host(
         assert found["no_new_privs"] == 1
         assert found["nsenter"][0] != 0, found["nsenter"]
         assert found["listener"] != "connected"
+        assert found["listener6"] != "connected"
         assert found["gateway_port"] != "connected"
         assert found["own_connection_file"] == "read"
         assert found["other_connection_files"] == ["PermissionError", "PermissionError"]
@@ -209,7 +244,7 @@ async def pid_and_uid(client: GatewayClient, kernel_id: str) -> tuple[int, int]:
 
 
 async def test_the_same_probes_succeed_from_a_kernel_without_the_provisioner(
-    escape_host: None, netns_daemon: Daemon, host_listener: int
+    escape_host: None, netns_daemon: Daemon, host_listener: int, host_listener6: int
 ) -> None:
     """The control: a plain kernel of the same daemon, against the same targets (the host
     side of a netns kernel's veth pair, the other kernel's connection files)."""
@@ -226,7 +261,9 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_provisioner(
             client,
             plain,
             host=host_address(confined),
+            host6=f"{await host_link_local(confined)}%{host_interface_name(confined)}",
             listener_port=host_listener,
+            listener6_port=host_listener6,
             gateway_port=daemon.port,
             other_files=[confined_copy, str(confined_original)],
             other_pid=confined_pid,
@@ -236,6 +273,7 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_provisioner(
         assert found["capabilities"]["CapEff"] != 0
         assert found["nsenter"][0] == 0, found["nsenter"]
         assert found["listener"] == "connected"
+        assert found["listener6"] == "connected"
         assert found["gateway_port"] == "connected"
         assert found["other_connection_files"] == ["read", "read"]
         assert found["other_kernel"] == "signalled"
@@ -248,8 +286,10 @@ def test_the_probe_code_is_valid_python() -> None:
     compile(
         PROBE.format(
             host="192.0.2.1",
+            host6="fe80::1%eth0",
             timeout=1,
             listener_port=1,
+            listener6_port=3,
             gateway_port=2,
             other_files=["/x"],
             other_pid=1,
