@@ -36,7 +36,7 @@ from traitlets import Float, Int
 from traitlets.config import LoggingConfigurable
 
 from .broker.base import Broker
-from .core.errors import UnknownKernel
+from .core.errors import MalformedMessage, UnknownKernel
 from .core.guards import withhold_traceback
 from .core.health import ComponentHealth, State
 from .core.marks import (
@@ -46,7 +46,8 @@ from .core.marks import (
     lifecycle_status,
     request_mark,
 )
-from .core.messages import KernelMessage, Record, Signer
+from .core.messages import KernelMessage, Record, Signer, unstored_placeholder
+from .core.oversize import cut_message
 from .core.sequencer import Sequencer
 from .kernels.base import IOPubSource, KernelLink
 from .kernels.upstream import UpstreamKernelLink, UpstreamSettings
@@ -122,6 +123,8 @@ class KernelTap:
         self.sequencer = Sequencer(kernel_id)
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.received = 0
+        #: Messages over max_message_bytes the Tap itself cut (a ZMQ source cuts its own).
+        self.cut = 0
         #: The kernel's lives: 0 until its first restart, one more at each (restart marks
         #: carry the number of the life they begin).
         self.epoch = 0
@@ -273,6 +276,19 @@ class KernelTap:
         if self._restart_gap is not None and message.msg_type != "iopub_welcome":
             reason, self._restart_gap = self._restart_gap, None
             self.record_gap(reason, None)
+        limit = self.manager.max_message_bytes
+        if limit and message.size > limit:
+            # A source that decodes before it hands over (an upstream gateway's WebSocket)
+            # held it once already; what the Tap records and fans out is cut all the same.
+            self.cut += 1
+            try:
+                message = cut_message(
+                    message.parts(),
+                    max_message_bytes=limit,
+                    keep_bytes=self.manager.cut_keep_bytes,
+                )
+            except MalformedMessage:  # a header over 64 KiB: only its slot is kept
+                message = unstored_placeholder(message, "max_message_bytes", date=now_iso())
         self._record(message)
 
     def _spool_notice(self, message: KernelMessage) -> None:
@@ -587,6 +603,29 @@ class TapManager(LoggingConfigurable):
         "sockets drop past their own high-water mark (1000 by default), as they would with "
         "jupyter_server.",
     )
+    max_message_bytes = Int(
+        8 * 1024 * 1024,
+        config=True,
+        help="Largest IOPub message a Tap records whole, in bytes (its parts and buffers "
+        "together; 0: no limit). A larger one is recorded cut, in its place: a stream keeps "
+        "the first cut_keep_bytes of its text, a display a note in place of its data, and its "
+        "content says so in 'truncated': {'original_bytes', 'max_message_bytes'}. Code in a "
+        "kernel is untrusted: without a limit one print can make the gateway hold gigabytes.",
+    )
+    cut_keep_bytes = Int(
+        64 * 1024,
+        config=True,
+        help="Bytes of text a stream message over max_message_bytes keeps (its first ones).",
+    )
+    iopub_backlog_bytes = Int(
+        64 * 1024 * 1024,
+        config=True,
+        help="Most bytes of IOPub messages each Tap has read from its kernel and not yet "
+        "recorded (0: no bound). The Tap reads its socket eagerly into this backlog (ZMQ "
+        "bounds its own queue in messages only: 20,000 messages of 8 MiB would be 160 GiB); "
+        "what arrives while it is full is not kept, and one gap record (reason "
+        "iopub_backlog_full) says how many messages were lost there.",
+    )
     iopub_batch = Int(
         500,
         config=True,
@@ -776,6 +815,9 @@ class TapManager(LoggingConfigurable):
             ready_timeout=self.ready_timeout,
             replay_history=self.replay_history,
             refusal_log_interval=self.refusal_log_interval,
+            max_message_bytes=self.max_message_bytes,
+            cut_keep_bytes=self.cut_keep_bytes,
+            backlog_bytes=self.iopub_backlog_bytes,
         )
         if getattr(kernel, "watch_heartbeat", False):
             zmq_link.heartbeat = HeartbeatSettings(self.heartbeat_interval, self.heartbeat_timeout)
@@ -887,6 +929,8 @@ class TapManager(LoggingConfigurable):
             "refused_invalid": sum(tap.rejected for tap in taps),
             "replays_refused": sum(tap.replays for tap in taps),
             "invalid_placeholders": sum(tap.invalid for tap in taps),
+            "messages_cut": sum(tap.cut + getattr(tap.source, "cut", 0) for tap in taps),
+            "backlog_dropped": sum(getattr(tap.source, "dropped", 0) for tap in taps),
         }
         # A kernel takes a second or so to answer at start (or after a restart): that is
         # starting, not a fault. One that does not answer for STARTING_GRACE seconds is.

@@ -19,6 +19,14 @@ ZMQ details that matter here:
   and the execute API wait for that before they send the kernel anything.
 * **No drops.** The SUB socket's receive high-water mark is bounded but large, and a
   kernel started through the gateway's launcher queues instead of dropping.
+* **A byte budget.** ZMQ bounds its queue in messages, not bytes, so the source reads the
+  socket eagerly into a backlog of its own, bounded in bytes (``backlog_bytes``); what
+  arrives while the backlog is full is not kept: one gap record says how many messages it
+  was (``iopub_backlog_full``), in its place in the order. A single message over
+  ``max_message_bytes`` is recorded cut (see :mod:`..core.oversize`); its content and
+  buffers are received without a copy, so it costs what libzmq holds, once, until it is
+  cut. (``ZMQ_MAXMSGSIZE`` would refuse it in libzmq, but by dropping the whole
+  connection: what the kernel sent next would be lost too, in a gap of unknown size.)
 * **The stdin handshake.** The kernel's stdin ROUTER silently drops an ``input_request``
   for an identity whose connection it does not know yet, so a request that may ask for
   input waits for :attr:`ZmqChannels.ready`: the stdin socket's monitor reports
@@ -38,6 +46,7 @@ import contextlib
 import datetime
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -57,6 +66,7 @@ from ..core.messages import (
     invalid_placeholder,
     split_identities,
 )
+from ..core.oversize import cut_message, parts_size
 from .base import IOPubSink, ReplyCallback
 
 __all__ = [
@@ -74,6 +84,22 @@ __all__ = [
 #: What a drain (before a mark, at a stop) reads at most of what has already arrived.
 DRAIN_MAX_MESSAGES = 50_000
 DRAIN_MAX_BYTES = 32 * 1024 * 1024
+#: Messages read off the socket into the backlog in one turn, at most, as a multiple of
+#: the batch processed in a turn (reading is cheap: a full backlog drops what it reads).
+PULL_FACTOR = 8
+#: What a message in the backlog costs besides its bytes: the list and the bytes objects.
+BACKLOG_OVERHEAD = 400
+#: Frames from here on (content, buffers) are received without a copy, and kept so when
+#: larger than this: a large message is held once, in libzmq's buffer, until it is cut.
+ZERO_COPY_FROM = 64 * 1024
+#: Largest signature frame accepted (a hex HMAC is at most 128 bytes).
+MAX_SIGNATURE = 1024
+#: Reason of the gap record for messages a full backlog could not keep.
+BACKLOG_FULL = "iopub_backlog_full"
+
+#: ``[header, parent_header, metadata, content, *buffers]`` as received: bytes, or views
+#: of libzmq's buffer for large frames.
+Parts = list[bytes | memoryview]
 
 CHANNELS = ("shell", "control", "stdin")
 
@@ -114,6 +140,12 @@ class IOPubSettings:
     ready_timeout: float
     replay_history: int
     refusal_log_interval: float
+    #: A message over this many bytes is recorded cut (0: no limit).
+    max_message_bytes: int = 0
+    #: Of a cut stream message, this many bytes of text are kept.
+    cut_keep_bytes: int = 64 * 1024
+    #: Bytes of messages read and not yet recorded, at most (0: no bound).
+    backlog_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -356,6 +388,13 @@ class ZmqIOPubSource:
         self.reachable = True
         #: Times the IOPub connection dropped (a SUB monitor counts them).
         self.disconnects = 0
+        #: Messages recorded cut (over max_message_bytes), and not kept (backlog full).
+        self.cut = 0
+        self.dropped = 0
+        #: Read and not yet recorded: a message's parts and its cost, or the number of
+        #: messages a full backlog dropped at that place.
+        self._backlog: deque[tuple[list[bytes | memoryview], int] | int] = deque()
+        self._backlog_bytes = 0
         self._refusals_logged = 0.0
         self._socket: zmq.Socket[bytes] | None = None
         self._fd = -1
@@ -429,23 +468,24 @@ class ZmqIOPubSource:
         if self._read(self.settings.batch, self.settings.batch_bytes):
             asyncio.get_running_loop().call_soon(self._on_readable)
 
-    def _read(self, most: int | None, most_bytes: int | None) -> bool:
-        """Read up to ``most`` messages / ``most_bytes``; True if more are waiting."""
-        socket = self._socket
-        if socket is None or socket.closed:
-            return False
+    def _read(self, most: int, most_bytes: int) -> bool:
+        """Pull what the socket holds into the backlog, then record up to ``most``
+        messages / ``most_bytes`` of it; True if more are waiting."""
+        more = self._pull(max(most, 1) * PULL_FACTOR)
         count = taken = 0
+        backlog = self._backlog
         try:
-            while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
-                if (most is not None and count >= most) or (
-                    most_bytes is not None and taken >= most_bytes
-                ):
-                    return True
-                frames = socket.recv_multipart(zmq.NOBLOCK)
+            while backlog and count < most and taken < most_bytes:
+                entry = backlog.popleft()
                 count += 1
-                taken += sum(map(len, frames))
+                if isinstance(entry, int):
+                    self.sink.record_gap(BACKLOG_FULL, entry)
+                    continue
+                parts, cost = entry
+                self._backlog_bytes -= cost
+                taken += cost
                 try:
-                    self._decode_and_hand_over(frames)
+                    self._decode_and_hand_over(parts)
                 except Exception:
                     # Never stop reading: the fd signals only on an edge, so a batch that
                     # ends in an exception would leave the socket unread for good.
@@ -453,27 +493,69 @@ class ZmqIOPubSource:
         finally:
             if count:
                 self.sink.batch_received()
+        return more or bool(backlog)
+
+    def _pull(self, most: int) -> bool:
+        """Move up to ``most`` messages from the socket to the backlog; past the backlog's
+        byte budget, count them as dropped instead. True if the socket holds more."""
+        socket = self._socket
+        if socket is None or socket.closed:
+            return False
+        budget = self.settings.backlog_bytes
+        backlog = self._backlog
+        pulled = 0
+        while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
+            if pulled >= most:
+                return True
+            frames = _receive(socket)
+            pulled += 1
+            cost = sum(map(len, frames)) + BACKLOG_OVERHEAD
+            if budget and backlog and self._backlog_bytes + cost > budget:
+                self.dropped += 1
+                last = backlog[-1]
+                if isinstance(last, int):
+                    backlog[-1] = last + 1
+                else:
+                    backlog.append(1)
+                    self.log.warning(
+                        "Kernel %s: IOPub backlog over %d bytes; dropping until it drains",
+                        self.kernel_id,
+                        budget,
+                    )
+                continue
+            backlog.append((frames, cost))
+            self._backlog_bytes += cost
         return False
 
-    def _decode_and_hand_over(self, frames: list[bytes]) -> None:
+    def _decode_and_hand_over(self, frames: list[bytes | memoryview]) -> None:
         try:
-            _, rest = split_identities(frames)
+            _, rest = split_identities(frames)  # type: ignore[arg-type]
             if len(rest) < 5:
                 raise RemoteError(f"expected a signature and 4 parts, got {len(rest)} frames")
-            self.signer.verify(rest[0], rest[1:5])
-            if self.history.seen(rest[0]):
+            if len(rest[0]) > MAX_SIGNATURE:
+                raise RemoteError(f"a signature of {len(rest[0])} bytes")
+            signature = bytes(rest[0])
+            self.signer.verify(signature, rest[1:5])  # type: ignore[arg-type]
+            if self.history.seen(signature):
                 self.replays += 1
                 self._refused(f"a replay of a message already recorded ({self.replays})")
                 return
+            limit = self.settings.max_message_bytes
             try:
-                message = KernelMessage.from_parts(rest[1:], repair=True)
+                if limit and parts_size(rest[1:]) > limit:
+                    self.cut += 1
+                    message = cut_message(
+                        rest[1:], max_message_bytes=limit, keep_bytes=self.settings.cut_keep_bytes
+                    )
+                else:
+                    message = KernelMessage.from_parts(rest[1:], repair=True)  # type: ignore[arg-type]
                 if _forges_a_mark(message):
                     self.rejected += 1
                     self._refused(f"a message only the gateway writes ({message.msg_type})")
                     return
             except RemoteError as error:
                 self.invalid += 1
-                invalid = InvalidMessage(str(error), rest[0], rest[1:])
+                invalid = InvalidMessage(str(error), signature, rest[1:])  # type: ignore[arg-type]
                 message = invalid_placeholder(
                     invalid, date=_now_iso(), session=self.session.session
                 )
@@ -591,6 +673,25 @@ class ZmqIOPubSource:
             self._pinger.cancel()
             self._pinger = None
         self._disconnect()
+
+
+def _receive(socket: zmq.Socket[bytes]) -> list[bytes | memoryview]:
+    """One multipart message's frames: copied up to the metadata (small, and needed as
+    bytes), then received without a copy, and kept as views of libzmq's buffer when
+    larger than :data:`ZERO_COPY_FROM` (a 300 MB content is held once, not twice)."""
+    frames: list[bytes | memoryview] = [socket.recv(zmq.NOBLOCK)]
+    after_delimiter = -1
+    while socket.get(zmq.RCVMORE):
+        # [..., delimiter, signature, header, parent, metadata] copied; the rest not.
+        if after_delimiter < 0 or len(frames) - after_delimiter < 5:
+            frame = socket.recv(zmq.NOBLOCK)
+            if after_delimiter < 0 and frame == DELIMITER:
+                after_delimiter = len(frames)
+            frames.append(frame)
+            continue
+        zero_copy = socket.recv(zmq.NOBLOCK, copy=False)
+        frames.append(zero_copy.buffer if len(zero_copy) > ZERO_COPY_FROM else zero_copy.bytes)
+    return frames
 
 
 def _forges_a_mark(message: KernelMessage) -> bool:
