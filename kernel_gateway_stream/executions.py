@@ -32,8 +32,9 @@ from .tap import KernelTap, TapManager, now_iso
 
 __all__ = ["UNFINISHED", "ExecutionManager", "KernelExecutor"]
 
-#: Records per page when a summary is rebuilt from the transcript.
+#: Records and bytes per page when a summary is rebuilt from the transcript.
 SUMMARY_PAGE = 10000
+SUMMARY_PAGE_BYTES = 8 * 1024 * 1024
 #: Executions sent through the API but not seen in the transcript yet, remembered.
 MAX_SENT = 10000
 
@@ -124,6 +125,27 @@ class ExecutionManager(LoggingConfigurable):
         help="Characters of stdout and of stderr an execution's summary keeps (its last "
         "ones; the summary says how many it left out). The whole text is in the transcript.",
     )
+    summary_max_output_bytes = Int(
+        8 * 1024 * 1024,
+        config=True,
+        help="Bytes of display and result messages an execution's summary keeps as outputs "
+        "(its first ones, each counted with 512 bytes for the objects around it; 0: no "
+        "limit). Past it outputs are left out and counted in the summary's outputs_omitted; "
+        "all are in the transcript.",
+    )
+    max_concurrent_summaries = Int(
+        2,
+        config=True,
+        help="Execution summaries rebuilt at once across the gateway (each holds up to "
+        "summary_max_text characters of each stream and summary_max_output_bytes of "
+        "outputs while it is built and sent); more requests wait their turn.",
+    )
+    summary_write_timeout = Float(
+        60.0,
+        config=True,
+        help="Seconds a client may take to read a summary (GET .../executions/{msg_id}) while "
+        "it holds one of the max_concurrent_summaries slots; a slower one is disconnected.",
+    )
 
     def __init__(self, taps: TapManager, store: TranscriptStore, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -137,6 +159,8 @@ class ExecutionManager(LoggingConfigurable):
         self._timers: dict[str, asyncio.TimerHandle] = {}
         #: kernel_id -> the msg_id of the execute_request the kernel is running.
         self._running: dict[str, str] = {}
+        #: Summaries being built (and sent) at once: see max_concurrent_summaries.
+        self.summary_slots = asyncio.Semaphore(max(1, self.max_concurrent_summaries))
         taps.on_close(self._kernel_closed)
         taps.observers.append(self._observe)
 
@@ -184,17 +208,27 @@ class ExecutionManager(LoggingConfigurable):
 
     async def summary(self, kernel_id: str, msg_id: str) -> ExecutionSummary | None:
         """The execution's summary, rebuilt from the transcript page by page (in linear
-        time, each page off the event loop); None if nothing is known of it."""
-        builder = SummaryBuilder(msg_id, max_text=self.summary_max_text)
+        time, each page off the event loop) in one of the :attr:`summary_slots`; None if
+        nothing is known of it."""
+        async with self.summary_slots:
+            return await self.build_summary(kernel_id, msg_id)
+
+    async def build_summary(self, kernel_id: str, msg_id: str) -> ExecutionSummary | None:
+        """:meth:`summary` for a caller that holds one of the :attr:`summary_slots`."""
+        builder = SummaryBuilder(
+            msg_id, max_text=self.summary_max_text, max_output_bytes=self.summary_max_output_bytes
+        )
         # Before reading: a quick execution can finish while the read awaits, and then it
         # is no longer "sent but not seen" (its records may have missed this read).
         sent = self._sent.get(msg_id)
         loop = asyncio.get_running_loop()
         cursor = 0
         while True:
-            page = await self.store.read(kernel_id, cursor, SUMMARY_PAGE, parent=msg_id)
+            page = await self.store.read(
+                kernel_id, cursor, SUMMARY_PAGE, parent=msg_id, max_bytes=SUMMARY_PAGE_BYTES
+            )
             await loop.run_in_executor(None, builder.feed, page.records)
-            if len(page.records) < SUMMARY_PAGE:
+            if not page.records:
                 break
             cursor = page.records[-1].seq
         sent_after = sent[1] if sent is not None and sent[0] == kernel_id else None

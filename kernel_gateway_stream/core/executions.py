@@ -95,6 +95,8 @@ class ExecutionSummary:
     #: Characters of stdout / stderr left out at the front (see ``max_text``).
     stdout_omitted: int = 0
     stderr_omitted: int = 0
+    #: Outputs left out at the end, past ``max_output_bytes`` (all are in the transcript).
+    outputs_omitted: int = 0
 
     @property
     def duration(self) -> float | None:
@@ -112,6 +114,7 @@ class ExecutionSummary:
             "stdout_omitted": self.stdout_omitted,
             "stderr_omitted": self.stderr_omitted,
             "outputs": self.outputs,
+            "outputs_omitted": self.outputs_omitted,
             "error": self.error,
             "execution_count": self.execution_count,
             "started": self.started,
@@ -167,6 +170,9 @@ class EncodedSummary:
     failure: str | None
 
 
+#: What an output costs in a summary besides its message's bytes (the dicts around it).
+OUTPUT_OVERHEAD = 512
+
 #: Summary statuses of an execution that has not ended.
 UNFINISHED = frozenset({"queued", "running"})
 
@@ -221,10 +227,17 @@ class SummaryBuilder:
     * Gap records while it ran are listed: part of its output may be missing.
     * stdout and stderr keep their last ``max_text`` characters each; what was left out
       at the front is counted (the whole text is in the transcript).
+    * Outputs are kept until their messages come to ``max_output_bytes``; later ones are
+      counted in ``outputs_omitted`` (updates of a kept display still apply).
     """
 
-    def __init__(self, msg_id: str, *, max_text: int = 8 * 1024 * 1024) -> None:
+    def __init__(
+        self, msg_id: str, *, max_text: int = 8 * 1024 * 1024, max_output_bytes: int = 0
+    ) -> None:
         self.summary = ExecutionSummary(msg_id)
+        #: Outputs kept until their messages come to this many bytes (0: no limit).
+        self._max_output_bytes = max_output_bytes
+        self._output_bytes = 0
         self._stdout = _Tail(max_text)
         self._stderr = _Tail(max_text)
         self._first_seq: int | None = None
@@ -278,6 +291,13 @@ class SummaryBuilder:
                 summary.status = "ok" if self._seen_input else "aborted"
 
     def _feed_output(self, message: KernelMessage) -> None:
+        if message.msg_type != "update_display_data" and self._max_output_bytes:
+            # Counted before it is parsed: 300,000 small displays are 300,000 dicts.
+            cost = message.size + OUTPUT_OVERHEAD
+            if self._output_bytes + cost > self._max_output_bytes:
+                self.summary.outputs_omitted += 1
+                return
+            self._output_bytes += cost
         event = normalize(message)
         assert event is not None
         name, data = event

@@ -18,11 +18,13 @@ requires ``execute`` on ``kernels``; request bodies are limited in size (413).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
+from tornado.iostream import StreamClosedError
 
 from ..core.endings import server_error
 from ..core.errors import BadRequest, LocalError, NoInputPending, UnknownExecution, UnknownKernel
@@ -40,6 +42,9 @@ from .common import (
     requires,
 )
 from .stream import CONTENT_TYPE, SSEHandler
+
+#: Bytes of a summary written before waiting for the client to take them.
+SEND_CHUNK = 1024 * 1024
 
 __all__ = [
     "ExecuteHandler",
@@ -203,13 +208,37 @@ class ExecutionHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
             running = kernel_id in self.kernel_manager
             if not running and await self.services.store.info(kernel_id) is None:
                 raise UnknownKernel(kernel_id)
-            summary = await self.executions.summary(kernel_id, msg_id)
-            if summary is None:
-                raise UnknownExecution(msg_id)
         except LocalError as error:
             self.write_error_json(error)
             return
-        self.finish(self.encode_summary(summary, kernel_id=kernel_id).data)
+        executions = self.executions
+        # Built, encoded and sent in one slot: concurrent reads of a large summary wait
+        # their turn instead of each holding its own copy (max_concurrent_summaries).
+        async with executions.summary_slots:
+            try:
+                summary = await executions.build_summary(kernel_id, msg_id)
+                if summary is None:
+                    raise UnknownExecution(msg_id)
+            except LocalError as error:
+                self.write_error_json(error)
+                return
+            data = self.encode_summary(summary, kernel_id=kernel_id).data
+            del summary
+            await self._send(data, executions.summary_write_timeout)
+
+    async def _send(self, data: bytes, timeout: float) -> None:
+        """``data`` as the body, a chunk at a time; a client that does not read it within
+        ``timeout`` seconds is disconnected (it holds a slot meanwhile)."""
+        self.set_header("Content-Type", "application/json; charset=UTF-8")
+        view = memoryview(data)
+        try:
+            for start in range(0, len(view), SEND_CHUNK):
+                self.write(bytes(view[start : start + SEND_CHUNK]))
+                await asyncio.wait_for(self.flush(), timeout)
+            self.finish()
+        except (asyncio.TimeoutError, StreamClosedError):
+            self.log.info("A summary read was too slow or went away; disconnected")
+            self.request.connection.close()  # type: ignore[union-attr]
 
 
 @web.stream_request_body
