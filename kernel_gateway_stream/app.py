@@ -39,7 +39,7 @@ from .broker.base import Broker
 from .broker.memory import MemoryBroker
 from .broker.subscriber import ReplayLimits
 from .cluster import ClusterNode
-from .core.errors import GatewayStreamError, StoreUnavailable, UnsafeCluster
+from .core.errors import GatewayStreamError, StoreInUse, StoreUnavailable, UnsafeCluster
 from .core.health import ComponentHealth, State
 from .executions import ExecutionManager
 from .handlers.cells import CellsHandler
@@ -72,6 +72,7 @@ from .secrets import (
     forbid_dumping,
     login_cookie_key,
     remove_secrets_from_environment,
+    wipe_from_arguments,
 )
 from .stores.base import TranscriptStore
 from .stores.redis import RedisTranscriptStore
@@ -433,6 +434,15 @@ class GatewayStreamApp(ExtensionApp):
         removed = remove_secrets_from_environment(names, [token])
         StreamKernelManager.secret_names = names | frozenset(removed)
         StreamKernelManager.secret_values = frozenset([token]) if token else frozenset()
+        if token and any(token in argument for argument in sys.argv):
+            wiped = wipe_from_arguments([token])
+            self.log.warning(
+                "The token was given on the command line, where every local user can read "
+                "it%s: give it in the JUPYTER_TOKEN environment variable instead",
+                " (overwritten in this process's arguments now, visible until then)"
+                if wiped
+                else "",
+            )
         if daemon and self.protect_process_memory:
             forbid_dumping()
         if daemon and os.geteuid() == 0:
@@ -451,7 +461,15 @@ class GatewayStreamApp(ExtensionApp):
             )
         else:
             self.store = self.transcript_store_class(parent=self, log=self.log)
-        self.store.open()
+        try:
+            self.store.open()
+        except StoreInUse as error:
+            if not daemon:
+                # Loaded into a `jupyter server` or `jupyter lab` beside a gateway on the
+                # same store: the extension does not load (the server runs on without it,
+                # touching no transcript), and says why in one line.
+                self.log.error("kernel_gateway_stream is not loaded: %s", error)
+            raise
         #: Set while the kernels an earlier run left are re-attached, and once they are (or
         #: are found gone).
         self.recovering = asyncio.Event()
@@ -617,6 +635,8 @@ class GatewayStreamApp(ExtensionApp):
         sessions.kernel_culled = kernel_culled
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if not hasattr(self, "services"):
+            return  # the extension did not load (its store is another process's)
         self.recovering.set()
         self.taps.start()
         try:

@@ -25,6 +25,7 @@ The tree::
     │   ├── BadSignature           an HMAC that does not match the session key
     │   └── UntrustedEntry         an entry read from Redis not signed with the cluster secret
     ├── StoreUnavailable           the transcript store cannot be opened or written
+    │   └── StoreInUse             another process holds the store's lock (one writer)
     ├── UnsafeCluster              several nodes configured without Redis's protections
     └── ClientError                raised by the Python client (kernel_gateway_stream.client)
         ├── AuthenticationError    the gateway refused the token (401/403)
@@ -65,6 +66,7 @@ __all__ = [
     "PayloadTooLarge",
     "RemoteError",
     "SequenceAhead",
+    "StoreInUse",
     "StoreUnavailable",
     "UnknownExecution",
     "UnknownKernel",
@@ -204,6 +206,11 @@ class PayloadTooLarge(LocalError):
 class StoreUnavailable(GatewayStreamError):
     """The transcript store cannot be opened or written (a path that cannot be created,
     a read-only database, ...); raised at start-up, where it stops the start."""
+
+
+class StoreInUse(StoreUnavailable):
+    """Another process (a daemon, or a ``jupyter server`` with the extension) holds the
+    store's lock: one gateway per store. Raised at start-up, where it stops the start."""
 
 
 class UnsafeCluster(GatewayStreamError):

@@ -42,6 +42,7 @@ from ..core.marks import gap_record, is_mark
 from ..core.messages import Record
 from ..core.records import NO_PARENT, ParentHeader, decode_chunk, encode_record
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
+from .lock import hold_store_lock
 from .pending import PendingBuffer
 from .query import Query
 from .sqlite_schema import (
@@ -174,6 +175,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         path = self.path
         default_directory = os.path.basename(os.path.dirname(os.path.abspath(path)))
         prepare_directory(path, private=default_directory == _DEFAULT_DIRECTORY)
+        hold_store_lock(path)  # one writer per store, for this process's life
         create_private_file(path)
         self.pending = PendingBuffer(self.max_pending_bytes, _make_gap)
         self._keys: dict[str, int] = {}
