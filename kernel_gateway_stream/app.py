@@ -72,6 +72,7 @@ from .secrets import (
     forbid_dumping,
     login_cookie_key,
     remove_secrets_from_environment,
+    wipe_from_arguments,
 )
 from .stores.base import TranscriptStore
 from .stores.redis import RedisTranscriptStore
@@ -433,6 +434,15 @@ class GatewayStreamApp(ExtensionApp):
         removed = remove_secrets_from_environment(names, [token])
         StreamKernelManager.secret_names = names | frozenset(removed)
         StreamKernelManager.secret_values = frozenset([token]) if token else frozenset()
+        if token and any(token in argument for argument in sys.argv):
+            wiped = wipe_from_arguments([token])
+            self.log.warning(
+                "The token was given on the command line, where every local user can read "
+                "it%s: give it in the JUPYTER_TOKEN environment variable instead",
+                " (overwritten in this process's arguments now, visible until then)"
+                if wiped
+                else "",
+            )
         if daemon and self.protect_process_memory:
             forbid_dumping()
         if daemon and os.geteuid() == 0:

@@ -55,13 +55,13 @@ from .core.errors import (
 )
 from .core.health import ComponentHealth, State
 from .kernels.attached import Attachment
+from .secrets import wipe_from_arguments
 from .stores.redis import RedisTranscriptStore, connect, entry_id, record_of_entry, seq_of
 from .stores.redis_trust import (
     EntrySigner,
     answers_without_credentials,
     password_of,
     redact_url,
-    wipe_from_arguments,
 )
 
 __all__ = ["ClusterNode"]

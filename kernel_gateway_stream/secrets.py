@@ -44,6 +44,7 @@ __all__ = [
     "forbid_dumping",
     "login_cookie_key",
     "remove_secrets_from_environment",
+    "wipe_from_arguments",
 ]
 
 _PR_SET_DUMPABLE = 4
@@ -72,18 +73,41 @@ def _wipe_initial_environment(values: Collection[str]) -> None:
     """Overwrite ``values`` wherever they appear in the block the kernel gave this
     process at exec (``/proc/self/stat`` fields 50 and 51: env_start, env_end). Nothing
     points into it once the variables are unset."""
+    _wipe_process_block(47, values)
+
+
+def wipe_from_arguments(values: Collection[str]) -> bool:
+    """Overwrite ``values`` wherever they appear in this process's argument block (what
+    ``/proc/<pid>/cmdline`` and ``ps`` show every local user; ``/proc/self/stat`` fields 48
+    and 49: arg_start, arg_end). Linux only; True if anything was overwritten. Python's
+    ``sys.argv`` is a copy, untouched. What was visible before this call (the start-up's
+    first second) was visible: keep secrets off the command line."""
+    if sys.platform != "linux":
+        return False
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return _wipe_process_block(45, values)
+    return False
+
+
+def _wipe_process_block(first_field: int, values: Collection[str]) -> bool:
+    """Overwrite ``values`` with ``x`` in the memory between the addresses in fields
+    ``first_field`` and ``first_field + 1`` (0-based, after the command name) of
+    ``/proc/self/stat``. True if anything was overwritten."""
+    secrets = [value.encode() for value in values if value]
     with open("/proc/self/stat", "rb") as stat:
         fields = stat.read().rsplit(b")", 1)[1].split()
-    start, end = int(fields[47]), int(fields[48])
-    if not 0 < start < end:
-        return
+    start, end = int(fields[first_field]), int(fields[first_field + 1])
+    if not secrets or not 0 < start < end:
+        return False
     block = ctypes.string_at(start, end - start)
-    for value in values:
-        encoded = value.encode()
-        offset = block.find(encoded)
-        while offset != -1 and encoded:
-            ctypes.memset(start + offset, ord("x"), len(encoded))
-            offset = block.find(encoded, offset + len(encoded))
+    wiped = False
+    for secret in secrets:
+        offset = block.find(secret)
+        while offset != -1:
+            ctypes.memset(start + offset, ord("x"), len(secret))
+            wiped = True
+            offset = block.find(secret, offset + len(secret))
+    return wiped
 
 
 def login_cookie_key(token: str) -> bytes:

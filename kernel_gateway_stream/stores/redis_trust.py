@@ -20,19 +20,15 @@ applies them):
   written again (a replay) does: Redis's password is what keeps writers out.
 * **Redis's password is in no log line, health body or process argument.**
   :func:`redact_url` hides it in both URL forms (``redis://user:password@host`` and
-  ``?password=``); :func:`wipe_from_arguments` overwrites it in the process's argument
-  block, which ``/proc/<pid>/cmdline`` shows to every local user (Linux).
+  ``?password=``); ``secrets.wipe_from_arguments`` overwrites it in the process's
+  argument block, which ``/proc/<pid>/cmdline`` shows to every local user (Linux).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import hashlib
 import hmac
 import re
-import sys
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -43,7 +39,6 @@ __all__ = [
     "answers_without_credentials",
     "password_of",
     "redact_url",
-    "wipe_from_arguments",
 ]
 
 _VERSION = b"kgs1"
@@ -143,30 +138,3 @@ def answers_without_credentials(url: str, probe_key: str, timeout: float = 5.0) 
         client.close()
         pool.disconnect()
     return True
-
-
-def wipe_from_arguments(values: Collection[str]) -> bool:
-    """Overwrite ``values`` wherever they appear in this process's argument block (what
-    ``/proc/<pid>/cmdline`` and ``ps`` show every local user; ``/proc/self/stat`` fields 48
-    and 49: arg_start, arg_end). Linux only; True if anything was overwritten. Python's
-    ``sys.argv`` is a copy, untouched. What was visible before this call (the start-up's
-    first second) was visible: keep secrets off the command line."""
-    secrets = [value.encode() for value in values if value]
-    if sys.platform != "linux" or not secrets:
-        return False
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])
-        if not 0 < start < end:
-            return False
-        block = ctypes.string_at(start, end - start)
-        wiped = False
-        for secret in secrets:
-            offset = block.find(secret)
-            while offset != -1:
-                ctypes.memset(start + offset, ord("x"), len(secret))
-                wiped = True
-                offset = block.find(secret, offset + len(secret))
-        return wiped
-    return False

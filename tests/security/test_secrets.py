@@ -12,6 +12,7 @@ import os
 import signal
 import stat
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,6 +89,27 @@ async def test_a_token_from_a_config_file_does_not_reach_the_kernel(
     received = await ws.until_idle(ws.execute(HUNT.format(secrets=[token])))
     ws.close()
     assert json.loads(received.text()) == []
+
+
+async def test_a_token_on_the_command_line_is_overwritten_there(daemon: Daemon) -> None:
+    """Item 1: a token given as ``--IdentityProvider.token=...`` is in the daemon's
+    argument block, which ``/proc/<pid>/cmdline`` shows every local user: the daemon
+    overwrites it there and says to use the environment; a kernel then finds it nowhere
+    it looks (its parent's command line included)."""
+    token = f"argv-{uuid.uuid4().hex}"
+    daemon.start(f"--IdentityProvider.token={token}", env={"JUPYTER_TOKEN": ""})
+    headers = {"Authorization": f"token {token}"}
+    await daemon.wait_ready(headers=headers)
+    assert daemon.process is not None
+    cmdline = Path(f"/proc/{daemon.process.pid}/cmdline").read_bytes()
+    assert b"--IdentityProvider.token=" in cmdline  # control: the argument is there
+    assert token.encode() not in cmdline
+    kernel = await daemon.fetch("/api/kernels", method="POST", body="{}", headers=headers)
+    ws = await daemon.channels(kernel["id"], headers=headers)
+    received = await ws.until_idle(ws.execute(HUNT.format(secrets=[token])))
+    ws.close()
+    assert json.loads(received.text()) == []
+    assert "JUPYTER_TOKEN environment variable" in daemon.log_text()
 
 
 async def test_the_token_is_in_no_log_error_body_or_transcript(daemon: Daemon) -> None:
