@@ -7,8 +7,11 @@ The tree::
     │   ├── BadRequest             a parameter is malformed or out of range      (400)
     │   │   ├── SequenceAhead      ``since`` is past the kernel's head           (400)
     │   │   ├── InvalidConnectionInfo  connection info to attach that is not valid (400)
+    │   │   ├── InvalidKernelId    a kernel id that is not a canonical UUID        (400)
+    │   │   ├── PathOutsideRoot    a kernel's ``path`` outside the server's root   (400)
     │   │   └── KernelNotAnswering a kernel to attach does not answer            (400)
     │   ├── UnknownKernel          no running kernel and no transcript           (404)
+    │   ├── UnknownKernelSpec      no kernelspec of that name to start           (404)
     │   ├── UnknownExecution       no execution with that msg_id on the kernel   (404)
     │   ├── MethodNotAllowed       a method the endpoint does not serve          (405)
     │   ├── NoInputPending         input for an execution that is not asking     (409)
@@ -51,6 +54,7 @@ __all__ = [
     "GatewayStreamError",
     "GatewayUnreachable",
     "InvalidConnectionInfo",
+    "InvalidKernelId",
     "InvalidMessage",
     "KernelDied",
     "KernelExists",
@@ -63,6 +67,7 @@ __all__ = [
     "NoInputPending",
     "NodeNotTrusted",
     "NotFound",
+    "PathOutsideRoot",
     "PayloadTooLarge",
     "RemoteError",
     "SequenceAhead",
@@ -70,6 +75,7 @@ __all__ = [
     "StoreUnavailable",
     "UnknownExecution",
     "UnknownKernel",
+    "UnknownKernelSpec",
     "UnsafeCluster",
     "UntrustedEntry",
 ]
@@ -113,6 +119,19 @@ class InvalidConnectionInfo(BadRequest):
     """Connection info to attach a kernel by is missing a field or has a bad one."""
 
     reason = "invalid_connection_info"
+
+
+class InvalidKernelId(BadRequest):
+    """A kernel id a client chose that is not a UUID in its canonical form (ids name
+    connection files and keys: the gateway makes them, or takes only UUIDs)."""
+
+    reason = "invalid_kernel_id"
+
+
+class PathOutsideRoot(BadRequest):
+    """A kernel's ``path`` (its working directory) that leads out of the server's root."""
+
+    reason = "path_outside_root"
 
 
 class KernelNotAnswering(BadRequest):
@@ -161,6 +180,13 @@ class UnknownKernel(LocalError):
     def __init__(self, kernel_id: str) -> None:
         super().__init__(f"no kernel or transcript with id {kernel_id!r}")
         self.kernel_id = kernel_id
+
+
+class UnknownKernelSpec(LocalError):
+    """No kernelspec has this name (or the name is not one a kernelspec can have)."""
+
+    status = 404
+    reason = "unknown_kernelspec"
 
 
 class UnknownExecution(LocalError):

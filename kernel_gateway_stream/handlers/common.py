@@ -295,7 +295,7 @@ class LimitedBodyMixin:
         self.body_chunks = []
         limit = self.settings[SETTINGS_KEY].max_request_bytes
         length = self.request.headers.get("Content-Length")
-        if length is not None and length.isdigit() and int(length) > limit:
+        if length is not None and length.isascii() and length.isdigit() and int(length) > limit:
             self.body_too_large = True
         await super().prepare()  # type: ignore[misc]  # APIHandler.prepare
 
@@ -318,7 +318,9 @@ def parse_seq(name: str, value: str | None) -> int | None:
     """
     if value is None or value == "":
         return None
-    if not value.isdigit() or len(value) > 18:
+    # ASCII digits only: str.isdigit() is also true of "²" or "¹²³", which int() refuses
+    # (and of other scripts' digits, which it takes).
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
         raise BadRequest(f"{name} must be a non-negative integer, got {value[:40]!r}")
     return int(value)
 

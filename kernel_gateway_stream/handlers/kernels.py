@@ -17,9 +17,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from typing import Any
 
 from jupyter_client.jsonutil import json_default
+from jupyter_client.kernelspec import NoSuchKernel
 from jupyter_core.utils import ensure_async
 from jupyter_server._tz import isoformat
 from jupyter_server.services.kernels.handlers import (
@@ -27,13 +30,25 @@ from jupyter_server.services.kernels.handlers import (
     KernelHandler,
     MainKernelHandler,
 )
-from jupyter_server.utils import url_escape, url_path_join
+from jupyter_server.utils import ApiPath, to_os_path, url_escape, url_path_join
 from tornado import web
 
-from ..core.errors import BadRequest, KernelOnAnotherNode, LocalError
+from ..core.errors import (
+    BadRequest,
+    InvalidKernelId,
+    KernelExists,
+    KernelOnAnotherNode,
+    LocalError,
+    PathOutsideRoot,
+    UnknownKernelSpec,
+)
 from .common import LimitedBodyMixin, ServicesMixin, json_body, requires
 
 __all__ = ["AttachingKernelsHandler", "DetachingKernelHandler", "KernelActionsHandler"]
+
+#: A kernelspec's name, as jupyter_client allows it (its _kernel_name_pat).
+_KERNEL_NAME = re.compile(r"[a-z0-9._\-]+", re.IGNORECASE)
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @web.stream_request_body
@@ -85,13 +100,18 @@ class AttachingKernelsHandler(LimitedBodyMixin, ServicesMixin, MainKernelHandler
                     display_name=display_name[:200],
                 )
             else:
-                kernel_id = await ensure_async(
-                    km.start_kernel(
-                        kernel_name=name or km.default_kernel_name,
-                        path=body.get("path"),
-                        kernel_id=body.get("kernel_id"),
+                name = name or km.default_kernel_name
+                if not _KERNEL_NAME.fullmatch(name) or name in (".", ".."):
+                    # jupyter_client looks the name up as a directory under each kernel
+                    # directory: "../../etc" would be one.
+                    raise UnknownKernelSpec(f"no kernelspec named {name[:100]!r}")
+                wanted, path = checked_start(body, km)
+                try:
+                    kernel_id = await ensure_async(
+                        km.start_kernel(kernel_name=name, path=path, kernel_id=wanted)
                     )
-                )
+                except NoSuchKernel as error:
+                    raise UnknownKernelSpec(f"no kernelspec named {name[:100]!r}") from error
         except LocalError as error:
             self.write_error_json(error)
             return
@@ -100,6 +120,34 @@ class AttachingKernelsHandler(LimitedBodyMixin, ServicesMixin, MainKernelHandler
         self.set_header("Location", location)
         self.set_status(201)
         self.finish(json.dumps(model, default=json_default))
+
+
+def checked_start(body: dict[str, Any], km: Any) -> tuple[str | None, ApiPath | None]:
+    """A start's ``kernel_id`` and ``path``, checked: the id a canonical UUID of no kernel
+    the gateway has (it names the connection file), the path under the server's root
+    (it is the kernel's working directory). Returns them.
+
+    Raises:
+        InvalidKernelId: an id that is not a canonical UUID (400).
+        KernelExists: an id of a kernel the gateway has (409).
+        PathOutsideRoot: a path that leads out of the root (400); BadRequest: not a string.
+    """
+    wanted = body.get("kernel_id")
+    if wanted is not None:
+        if not isinstance(wanted, str) or not _UUID.fullmatch(wanted):
+            raise InvalidKernelId("'kernel_id' must be a UUID in its canonical form")
+        if wanted in km:
+            raise KernelExists(f"kernel {wanted} is running already")
+    path = body.get("path")
+    if path is not None:
+        if not isinstance(path, str) or "\0" in path:
+            raise BadRequest("'path' must be a string")
+        root = os.path.abspath(km.root_dir)
+        directory = os.path.abspath(to_os_path(ApiPath(path), root))
+        if os.path.commonpath([root, directory]) != root:
+            raise PathOutsideRoot("'path' must stay under the server's root directory")
+        return wanted, ApiPath(path)
+    return wanted, None
 
 
 def tap_model(handler: Any, kernel_id: str) -> dict[str, Any] | None:

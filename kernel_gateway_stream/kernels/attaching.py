@@ -76,6 +76,7 @@ class KernelAttacher(LoggingConfigurable):
         self.sockets = sockets
         #: Watched files: path -> (mtime_ns, size, kernel_id or None if not attached).
         self._files: dict[str, tuple[int, int, str | None]] = {}
+        self._refused_links: set[str] = set()
         self._scanner: PeriodicCallback | None = None
         self._scanning: asyncio.Task[None] | None = None
 
@@ -243,6 +244,8 @@ class KernelAttacher(LoggingConfigurable):
         present: dict[str, tuple[int, int]] = {}
         for name in names:
             path = os.path.join(self.connection_dir, name)
+            if self._leads_out(path):
+                continue
             try:
                 stat = os.stat(path)
             except OSError:
@@ -262,7 +265,23 @@ class KernelAttacher(LoggingConfigurable):
                 await self._detach(known[2], f"{path} changed")
             self._files[path] = (mtime, size, await self._attach_file(path))
 
+    def _leads_out(self, path: str) -> bool:
+        """True for a symbolic link out of the directory (logged once): a link to a
+        running kernel's connection file elsewhere (the runtime directory) would attach
+        that kernel a second time. Links within the directory are followed."""
+        root = os.path.realpath(self.connection_dir)
+        target = os.path.realpath(path)
+        if not os.path.islink(path) or os.path.commonpath([root, target]) == root:
+            self._refused_links.discard(path)
+            return False
+        if path not in self._refused_links:
+            self._refused_links.add(path)
+            self.log.warning("Did not attach %s: a symbolic link out of the directory", path)
+        return True
+
     async def _attach_file(self, path: str) -> str | None:
+        if self._leads_out(path):  # replaced by a link since the scan
+            return None
         try:
             with open(path, encoding="utf-8") as file:
                 data = json.load(file)

@@ -272,6 +272,8 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
         """
         shutdown = self._shutdowns.get(kernel_id)
         if shutdown is None:
+            if self._forget_failed_start(kernel_id):
+                return
             self._check_kernel_id(kernel_id)
             shutdown = asyncio.ensure_future(self._shutdown_settled(kernel_id, now, restart))
             self._shutdowns[kernel_id] = shutdown
@@ -280,6 +282,17 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
         await asyncio.shield(shutdown)
 
     shutdown_kernel = _async_shutdown_kernel  # type: ignore[assignment]
+
+    def _forget_failed_start(self, kernel_id: str) -> bool:
+        """True, and the id forgotten, for a kernel whose start failed: jupyter_client
+        keeps its id among the pending kernels (``_add_kernel_when_ready`` logs the error),
+        where ``shutdown_all`` finds it, and a shutdown of it raised a 404 that ended the
+        server's stop half-way (the port closed, the process stayed)."""
+        pending = self._pending_kernels.get(kernel_id)
+        if kernel_id in self or pending is None or not pending.done():
+            return False
+        del self._pending_kernels[kernel_id]
+        return True
 
     def _forget_shutdown(self, kernel_id: str, shutdown: asyncio.Task[None]) -> None:
         # A kernel started again under the same id may already have a shutdown of its own.
