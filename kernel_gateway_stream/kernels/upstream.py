@@ -22,9 +22,10 @@ them there. This module gives such a kernel the two seams of :mod:`.base`:
   for good: the link's ``on_gone`` is told (the gateway records the kernel dead and
   forgets it). The grace is for an upstream that re-attaches its kernels just after it
   starts answering (a kernel_gateway_stream, Enterprise Gateway's session persistence).
-* :class:`UpstreamChannels`: per client connection, a WebSocket of its own to the upstream
-  with the client's session id, so replies and ``input_request`` reach the client that
-  asked; its IOPub copy is dropped (the Tap has it).
+* :class:`~.upstream_channels.UpstreamChannels`: per client connection, its shell,
+  control and stdin on that same WebSocket (:mod:`.upstream_channels`: replies and
+  ``input_request`` are routed to the client that asked by the request's ``msg_id``). The
+  upstream serves one WebSocket per kernel however many clients the gateway has.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from ..core.marks import GAP_MSG_TYPE
 from ..core.messages import KernelMessage, Signer, dumps_json, load_json_object
 from ..core.wire import SEQ_METADATA_KEY, decode_legacy_binary, decode_v1, encode_v1
 from .base import IOPubSink, ReplyCallback
+from .upstream_channels import UpstreamChannels, UpstreamHub
 
 __all__ = [
     "UPSTREAM_METADATA_KEY",
@@ -64,8 +66,6 @@ __all__ = [
 V1_SUBPROTOCOL = "v1.kernel.websocket.jupyter.org"
 #: Where an upstream kernel_gateway_stream's seq is kept in a record's metadata.
 UPSTREAM_METADATA_KEY = "kernel_gateway_stream_upstream"
-#: Messages a client's channels hold while their upstream connection is not open.
-MAX_HELD = 1000
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,8 @@ class UpstreamKernelLink:
         self.on_gone = on_gone
         #: Nothing is signed over a WebSocket: an empty key turns signing off.
         self.signer = Signer(b"")
+        #: The kernel's one WebSocket, shared by its IOPub source and every client.
+        self.hub = UpstreamHub(log)
 
     def request(self, session_id: str, since: int | None = None) -> HTTPRequest:
         """The upgrade request to the kernel's channels on the upstream."""
@@ -211,13 +213,17 @@ class UpstreamKernelLink:
     def channels(
         self, identity: bytes, on_reply: ReplyCallback, *, handshake_timeout: float
     ) -> UpstreamChannels:
-        return UpstreamChannels(self, identity, on_reply)
+        return UpstreamChannels(self.hub, identity, on_reply)
 
 
 @dataclass
 class Connection:
     socket: WebSocketClientConnection
     v1: bool
+
+    def write(self, channel: str, parts: list[bytes]) -> None:
+        """Send one message in the connection's protocol (raises MalformedMessage)."""
+        self.socket.write_message(encode_upstream(channel, parts, self.v1), binary=self.v1)
 
 
 def _backoff(settings: UpstreamSettings, attempt: int) -> float:
@@ -281,7 +287,11 @@ class UpstreamIOPubSource:
                 self.sink.link_changed(True, "upstream_reconnected", 0 if since else None)
             connected_before = True
             self._nudge(connection)
-            await self._read(connection)
+            self.link.hub.attach(connection)
+            try:
+                await self._read(connection)
+            finally:
+                self.link.hub.detach()
             self._connection = None
             if not self._stopped:
                 self._unreachable("the upstream closed the connection")
@@ -334,10 +344,7 @@ class UpstreamIOPubSource:
             "date": _now_iso(),
             "version": "5.4",
         }
-        parts = [dumps_json(header), b"{}", b"{}", b"{}"]
-        connection.socket.write_message(
-            encode_upstream("shell", parts, connection.v1), binary=connection.v1
-        )
+        connection.write("shell", [dumps_json(header), b"{}", b"{}", b"{}"])
 
     async def _read(self, connection: Connection) -> None:
         while True:
@@ -347,6 +354,7 @@ class UpstreamIOPubSource:
             try:
                 channel, parts = decode_upstream(data, connection.v1)
                 if channel != "iopub":
+                    self.link.hub.deliver(channel, KernelMessage.from_parts(parts, repair=True))
                     continue
                 metadata, seq = upstream_seq(parts[2])
                 if seq is not None:
@@ -382,87 +390,6 @@ class UpstreamIOPubSource:
             self._connection.socket.close()
         if self._task is not None:
             self._task.cancel()
-
-
-class UpstreamChannels:
-    """A client's shell, control and stdin to an upstream kernel, over a WebSocket of its
-    own (see the module docstring)."""
-
-    def __init__(self, link: UpstreamKernelLink, identity: bytes, on_reply: ReplyCallback) -> None:
-        self.link = link
-        self.session_id = identity.decode(errors="replace")
-        self.on_reply = on_reply
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.handshaken = False
-        self._connection: Connection | None = None
-        self._held: list[tuple[str, list[bytes]]] = []
-        self._closed = False
-        self._task = asyncio.ensure_future(self._run())
-
-    async def _run(self) -> None:
-        attempt = 0
-        while not self._closed:
-            try:
-                connection = await self.link.connect(self.session_id)
-            except Exception:  # retried: the source reports the upstream's state
-                await asyncio.sleep(_backoff(self.link.settings, attempt))
-                attempt += 1
-                continue
-            attempt = 0
-            self._connection = connection
-            self.handshaken = True
-            if not self.ready.done():
-                self.ready.set_result(None)
-            held, self._held = self._held, []
-            for channel, parts in held:
-                self.send(channel, parts)
-            while (data := await connection.socket.read_message()) is not None:
-                self._deliver(data, connection.v1)
-            self._connection = None
-            if not self._closed:
-                await asyncio.sleep(_backoff(self.link.settings, 0))
-
-    def _deliver(self, data: bytes | str, v1: bool) -> None:
-        try:
-            channel, parts = decode_upstream(data, v1)
-            if channel == "iopub":
-                return
-            message = KernelMessage.from_parts(parts, repair=True)
-        except RemoteError as error:
-            self.link.log.warning("Dropped an invalid upstream reply: %s", error)
-            return
-        self.on_reply(channel, message)
-
-    def send(self, channel: str, parts: list[bytes]) -> None:
-        connection = self._connection
-        if connection is None:
-            if len(self._held) < MAX_HELD:
-                self._held.append((channel, parts))
-            return
-        try:
-            payload = encode_upstream(channel, parts, connection.v1)
-        except MalformedMessage as error:
-            self.link.log.warning("Not sent upstream: %s", error)
-            return
-        connection.socket.write_message(payload, binary=connection.v1)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self, linger_ms: int = 0) -> None:
-        self._closed = True
-        if not self.ready.done():
-            self.ready.set_result(None)
-        connection = self._connection
-        if connection is None:
-            self._task.cancel()
-            return
-        if linger_ms:
-            # What was just sent still goes: the socket closes after a moment.
-            asyncio.get_running_loop().call_later(linger_ms / 1000, connection.socket.close)
-        else:
-            connection.socket.close()
 
 
 def _now_iso() -> str:

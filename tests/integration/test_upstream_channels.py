@@ -1,0 +1,186 @@
+"""One upstream WebSocket per kernel, whatever the number of clients: the gateway in front
+of a real jupyter_server (its rate limit off, so what a client misses is ours to explain).
+
+Every watcher here also sends requests, so each has kernel channels of its own on our side;
+the upstream's log line ``Connecting to kernel <id>.`` (jupyter_server writes it for every
+channels WebSocket it opens) is counted from outside: one per kernel with 1, 3 and 100
+watchers. Replies reach the watcher that asked and no other, ``input()`` is answered by
+the watcher that ran it while others watch, a watcher that leaves mid-execution disturbs
+nobody, and interrupt and restart work through the one connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel_gateway_stream.client import GatewayClient
+
+from ..timing import seconds
+from .daemon import TOKEN, Daemon
+from .test_upstream import FLOOD, Upstream, gateway_options, install_lossless_python
+from .waits import wait_until
+from .wsclient import KernelWS, Received
+
+
+@pytest.fixture
+def stock_upstream(tmp_path: Path) -> Iterator[Upstream]:
+    """jupyter_server, rate limit off, its kernels plain ipykernel (drops past its HWM)."""
+    upstream = Upstream(
+        tmp_path / "upstream", "jupyter_server", "--ZMQChannelsWebsocketConnection.limit_rate=False"
+    )
+    upstream.start()
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
+def lossless_upstream(tmp_path: Path) -> Iterator[Upstream]:
+    """jupyter_server, rate limit off, its kernels started by our launcher (no drops)."""
+    upstream = Upstream(
+        tmp_path / "upstream", "jupyter_server", "--ZMQChannelsWebsocketConnection.limit_rate=False"
+    )
+    install_lossless_python(upstream.home / "data")
+    upstream.start()
+    yield upstream
+    upstream.stop()
+
+
+def upstream_connections(upstream: Upstream, kernel_id: str) -> int:
+    """Channels WebSockets the upstream opened for ``kernel_id``, from its own log."""
+    log = (upstream.home / "upstream.log").read_text(errors="replace")
+    return log.count(f"Connecting to kernel {kernel_id}.")
+
+
+async def in_front(daemon: Daemon, upstream: Upstream) -> str:
+    """Our daemon in front of ``upstream``, and a kernel started through it."""
+    await upstream.wait_ready()
+    daemon.start(*gateway_options(upstream.url))
+    await daemon.wait_ready()
+    async with GatewayClient(daemon.url, TOKEN) as client:
+        kernel_id = await client.start_kernel()
+    await wait_until(
+        lambda: upstream_connections(upstream, kernel_id) == 1, "the Tap's upstream WebSocket"
+    )
+    return kernel_id
+
+
+async def until(ws: KernelWS, wanted: Any, timeout: float = 60) -> Any:
+    """The first message ``wanted(message)`` accepts, received already or read now; every
+    shell, control or stdin message ``ws`` gets on the way must answer its own requests."""
+    for message in ws.history:
+        if wanted(message):
+            return message
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(timeout)
+    while True:
+        message = await ws.receive(max(0.1, deadline - loop.time()))
+        assert message is not None, "connection closed"
+        if message["channel"] != "iopub":
+            assert message["parent_header"]["session"] == ws.session_id, message
+        if wanted(message):
+            return message
+
+
+async def reply_to(ws: KernelWS, msg_id: str, msg_type: str, timeout: float = 60) -> Any:
+    """The ``msg_type`` whose parent is ``msg_id`` (see :func:`until`)."""
+    return await until(
+        ws,
+        lambda m: m["msg_type"] == msg_type and m["parent_header"].get("msg_id") == msg_id,
+        timeout,
+    )
+
+
+def own_replies_only(ws: KernelWS) -> None:
+    """Every shell, control and stdin message ``ws`` received answers its own requests."""
+    for message in ws.history:
+        if message["channel"] != "iopub":
+            assert message["parent_header"].get("session") == ws.session_id, message
+
+
+async def test_one_upstream_connection_for_1_3_and_100_watchers(
+    lossless_upstream: Upstream, daemon: Daemon
+) -> None:
+    kernel_id = await in_front(daemon, lossless_upstream)
+    watchers: list[KernelWS] = []
+    try:
+        for count, lines in ((1, 500), (3, 20_000), (100, 500)):
+            while len(watchers) < count:
+                watchers.append(await daemon.channels(kernel_id))
+            # Each watcher asks something, so each has kernel channels of its own here,
+            # and gets its own answer.
+            asks = [ws.send("shell", "kernel_info_request", {}) for ws in watchers]
+            for ws, msg_id in zip(watchers, asks, strict=True):
+                await reply_to(ws, msg_id, "kernel_info_reply")
+            code = FLOOD.replace("20000", str(lines))
+            msg_id = watchers[0].execute(code)
+            expected = "".join(f"{i}\n" for i in range(lines))
+            for ws in watchers:
+                received = await ws.until_idle(msg_id, timeout=120)
+                assert received.text() == expected
+            replies = [m for m in watchers[0].history if m["msg_type"] == "execute_reply"]
+            assert [m["parent_header"]["msg_id"] for m in replies][-1:] == [msg_id]
+            for ws in watchers[1:]:
+                assert not [m for m in ws.history if m["msg_type"] == "execute_reply"]
+            for ws in watchers:
+                own_replies_only(ws)
+            assert upstream_connections(lossless_upstream, kernel_id) == 1, count
+    finally:
+        for ws in watchers:
+            ws.close()
+
+
+async def test_input_interrupt_restart_and_a_watcher_that_leaves(
+    lossless_upstream: Upstream, daemon: Daemon
+) -> None:
+    kernel_id = await in_front(daemon, lossless_upstream)
+    asker, first, second = [await daemon.channels(kernel_id) for _ in range(3)]
+    try:
+        for ws in (first, second):  # they have channels too: an input_request could stray
+            await reply_to(ws, ws.send("shell", "kernel_info_request", {}), "kernel_info_reply")
+        # input() answered by the client that asked, while two others watch.
+        msg_id = asker.execute("print('got', input('name? '))", allow_stdin=True)
+        request = await reply_to(asker, msg_id, "input_request")
+        assert request["content"]["prompt"] == "name? "
+        asker.send("stdin", "input_reply", {"value": "ada"})
+        for ws in (asker, first, second):
+            received = await ws.until_idle(msg_id)
+            assert received.text() == "got ada\n"
+        await reply_to(asker, msg_id, "execute_reply")
+        for ws in (first, second):
+            assert not [m for m in ws.history if m["channel"] == "stdin"]
+            own_replies_only(ws)
+        # A watcher that leaves mid-execution: the others get every line and the idle.
+        leaving = first.execute(
+            "import time\nfor i in range(30): print(i, flush=True); time.sleep(0.02)"
+        )
+        await first.until_lines(1)
+        first.close()
+        for ws in (asker, second):
+            received = await ws.until_idle(leaving)
+            assert received.text() == "".join(f"{i}\n" for i in range(30))
+        # Its execute_reply went nowhere; the next request of another client is answered.
+        await reply_to(second, second.send("shell", "kernel_info_request", {}), "kernel_info_reply")
+        # Interrupt through the gateway while a watcher's cell sleeps.
+        sleeping = second.execute("import time; time.sleep(600)")
+        await reply_to(second, sleeping, "execute_input")
+        async with GatewayClient(daemon.url, TOKEN) as client:
+            await client.interrupt(kernel_id)
+        reply = await reply_to(second, sleeping, "execute_reply")
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        # Restart through the gateway: the same connection serves the new kernel process.
+        async with GatewayClient(daemon.url, TOKEN) as client:
+            await client.restart(kernel_id)
+        after = asker.execute("print('after restart')")
+        received: Received = await asker.until_idle(after)
+        assert received.text() == "after restart\n"
+        await reply_to(asker, after, "execute_reply")
+        own_replies_only(asker)
+        own_replies_only(second)
+        assert upstream_connections(lossless_upstream, kernel_id) == 1
+    finally:
+        for ws in (asker, first, second):
+            ws.close()
