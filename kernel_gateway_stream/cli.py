@@ -9,12 +9,15 @@
 Connection: ``--url`` (``$KGS_URL``, default http://127.0.0.1:8888) and ``--token``
 (``$KGS_TOKEN`` or ``$JUPYTER_TOKEN``).
 
-Exit status: 0 when the code succeeded, 1 on an error in it, 3 if the kernel died or the
-gateway could not be reached (or refused the request), and 128 + the signal's number when
+Exit status: 0 when the code succeeded, 1 on an error in it, 2 on a usage error (a file
+to run that cannot be read), 3 if the kernel died or the gateway could not be reached (or
+refused the request), and 128 + the signal's number when
 stopped by one: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129 for SIGHUP (a closed
 terminal). In ``run``, Ctrl-C interrupts the kernel and waits for the execution to end; a
 second Ctrl-C stops waiting. A kernel that ``run`` started is shut down however it ends,
-unless ``--keep`` (SIGKILL cannot be caught: then it is left running).
+unless ``--keep`` (SIGKILL cannot be caught: then it is left running). Output to a pipe
+closed early (``kgs follow ID | head -1``) ends the command quietly, with 0, as other
+Unix tools do.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import asyncio
 import contextlib
 import getpass
 import json
+import os
 import signal
 import sys
 from typing import Any
@@ -33,7 +37,7 @@ from .core.marks import GAP_MSG_TYPE, LIFECYCLE_MSG_TYPE
 
 __all__ = ["main"]
 
-EXIT_OK, EXIT_ERROR, EXIT_GATEWAY, EXIT_INTERRUPTED = 0, 1, 3, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GATEWAY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: The signals that stop ``kgs`` (after it has shut down a kernel it started).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -95,8 +99,7 @@ async def _run(client: GatewayClient, args: argparse.Namespace, stopper: Stopper
     elif args.file in (None, "-"):
         code = sys.stdin.read()
     else:
-        with open(args.file, encoding="utf-8") as source:
-            code = source.read()
+        code = args.source  # read by main(), before any connection
     if args.kernel is not None:
         return await _execute(client, args.kernel, code, args, stopper)
     kernel_id = await _start_kernel(client, args.keep)
@@ -193,7 +196,15 @@ def _reconnecting(reconnect: Reconnect) -> None:
 
 
 async def _follow(client: GatewayClient, args: argparse.Namespace, _: Stopper) -> int:
-    async for event in client.stream(args.kernel, args.since):
+    # Closed here, not by the loop's shutdown: output to a closed pipe raises in the body,
+    # and the stream must end before the client does.
+    events = client.stream(args.kernel, args.since)
+    async with contextlib.aclosing(events):  # type: ignore[type-var]
+        return await _print_events(events)
+
+
+async def _print_events(events: Any) -> int:
+    async for event in events:
         if event.event == "stream":
             content = event.data["content"]
             _write(sys.stderr if content["name"] == "stderr" else sys.stdout, content["text"])
@@ -272,16 +283,42 @@ async def _main(args: argparse.Namespace) -> int:
     except ClientError as error:  # KernelDied, GatewayUnreachable, an HTTP error
         _say(f"kgs: {error}")
         return EXIT_GATEWAY
+    except BrokenPipeError:  # the reader of our output is gone (| head): not an error
+        _discard_stdout()
+        return EXIT_OK
     finally:
         stopper.remove()
 
 
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush of what is
+    buffered for a closed pipe does not print a BrokenPipeError at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.code is None and args.file not in (None, "-"):
+        try:
+            with open(args.file, encoding="utf-8") as source:
+                args.source = source.read()
+        except (OSError, UnicodeDecodeError) as error:
+            why = getattr(error, "strerror", None) or str(error)
+            _say(f"kgs: cannot read {args.file}: {why}")
+            return EXIT_USAGE
     try:
-        return asyncio.run(_main(args))
+        status = asyncio.run(_main(args))
+        sys.stdout.flush()
     except KeyboardInterrupt:  # Ctrl-C before the handlers were in place, or after
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the last flush, to a reader that is gone
+        _discard_stdout()
+        return EXIT_OK
+    return status
 
 
 if __name__ == "__main__":
