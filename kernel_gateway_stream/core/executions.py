@@ -28,6 +28,7 @@ from typing import Any
 
 from .marks import GAP_MSG_TYPE, is_mark, is_terminal, mark_reason
 from .messages import KernelMessage, Record, dumps_json
+from .oversize import is_cut
 
 __all__ = [
     "INPUT_REQUEST",
@@ -97,6 +98,9 @@ class ExecutionSummary:
     stderr_omitted: int = 0
     #: Outputs left out at the end, past ``max_output_bytes`` (all are in the transcript).
     outputs_omitted: int = 0
+    #: Messages the gateway recorded cut (over its max_message_bytes): of a stream, only
+    #: the start of its text is in stdout / stderr.
+    messages_cut: int = 0
 
     @property
     def duration(self) -> float | None:
@@ -115,6 +119,7 @@ class ExecutionSummary:
             "stderr_omitted": self.stderr_omitted,
             "outputs": self.outputs,
             "outputs_omitted": self.outputs_omitted,
+            "messages_cut": self.messages_cut,
             "error": self.error,
             "execution_count": self.execution_count,
             "started": self.started,
@@ -272,6 +277,14 @@ class SummaryBuilder:
     def _feed_other(self, message: KernelMessage, record: Record) -> None:
         summary = self.summary
         kind = message.msg_type
+        if is_cut(message):
+            summary.messages_cut += 1
+        if kind == "stream":  # recorded cut (see .oversize): the start of its text
+            content = message.content()
+            tail = self._stderr if content.get("name") == "stderr" else self._stdout
+            text = content.get("text")
+            tail.add(text if isinstance(text, str) else "")
+            return
         if kind == "execute_input":
             self._seen_input = True
             count = message.content().get("execution_count")

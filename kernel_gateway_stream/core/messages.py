@@ -175,7 +175,9 @@ class KernelMessage:
             stream_name, text = peeked
         elif msg_type == "stream":
             name, value = content.get("name"), content.get("text")
-            if isinstance(name, str) and isinstance(value, str):
+            # One the gateway cut (see .oversize) is not merged: that would lose its marker.
+            cut = isinstance(content.get("truncated"), dict)
+            if isinstance(name, str) and isinstance(value, str) and not cut:
                 stream_name, text = name, value
         elif msg_type == "status":
             state = content.get("execution_state")

@@ -18,7 +18,10 @@ What is kept of the content:
 * ``error``: ``ename`` and a note as ``evalue``;
 * any other type: only the marker.
 
-Metadata and buffers are dropped (counted in ``original_bytes``). Pure: no I/O, no clock.
+Metadata and buffers are dropped (counted in ``original_bytes``). A cut ``stream`` message is
+never merged with its neighbours (coalescing writes a merged frame anew from the texts
+alone, which would lose the marker): every reader gets it as recorded, marker and all.
+Pure: no I/O, no clock.
 The parts may be ``memoryview``\\ s of the receive buffer: nothing here copies more than
 ``keep_bytes`` of them.
 """
@@ -40,6 +43,9 @@ __all__ = ["TRUNCATED_KEY", "cut_message", "is_cut", "parts_size"]
 TRUNCATED_KEY = "truncated"
 #: Largest header or parent header a cut message keeps (a real one is a few hundred bytes).
 HEADER_LIMIT = 64 * 1024
+#: The marker as json.dumps writes it, the last key of a cut message's content.
+_MARKER = b'"truncated": {"original_bytes": '
+_MARKER_WITHIN = 128
 #: How far into the content (from each end) the keys of a cut message are looked for.
 _PEEK = 4096
 
@@ -56,9 +62,11 @@ def parts_size(parts: Sequence[Buffer]) -> int:
     return sum(len(part) for part in parts)
 
 
-def is_cut(content: dict[str, Any]) -> bool:
-    """True for the content of a message the gateway cut."""
-    marker = content.get(TRUNCATED_KEY)
+def is_cut(message: KernelMessage) -> bool:
+    """True for a message the gateway cut (its raw content is looked at first: cheap)."""
+    if _MARKER not in message.raw_content[-_MARKER_WITHIN:]:
+        return False
+    marker = message.content().get(TRUNCATED_KEY)
     return isinstance(marker, dict) and "original_bytes" in marker
 
 
@@ -85,6 +93,8 @@ def cut_message(
         raise MalformedMessage("the header is not a JSON object") from error
     content = _cut_content(msg_type, parts[3], keep_bytes)
     content[TRUNCATED_KEY] = {"original_bytes": original, "max_message_bytes": max_message_bytes}
+    # A cut stream is not a stream of text to merge (see KernelMessage.from_parts): a
+    # merged frame is written anew from the texts alone, and would lose the marker.
     return KernelMessage.from_parts(
         [header, parent, b"{}", json.dumps(content).encode()], repair=True
     )

@@ -158,7 +158,8 @@ def _message(
         if peeked is None:
             parsed = load_json_object(content, "content", from_kernel=True)
             name, value = parsed.get("name"), parsed.get("text")
-            if isinstance(name, str) and isinstance(value, str):
+            cut = isinstance(parsed.get("truncated"), dict)  # as KernelMessage.from_parts
+            if isinstance(name, str) and isinstance(value, str) and not cut:
                 peeked = (name, value)
         if peeked is not None:
             stream_name, text = peeked

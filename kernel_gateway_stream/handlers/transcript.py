@@ -4,6 +4,9 @@ Parameters: ``since`` (records after this seq; default 0), ``limit`` (default 10
 most 10000), ``parent`` (one execution's msg_id), ``msg_type`` (repeatable), and
 ``format`` (``json``, the default, or ``text``: the stdout/stderr text in order, every
 page of it). Works after the kernel has shut down, while its transcript is kept.
+
+A JSON page also stops at about :data:`PAGE_BYTES` of messages (whatever ``limit`` says), so
+a page of large outputs stays bounded: ``next_since`` says where the next page starts.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from .common import KERNEL_ACTION, ServicesMixin, parse_seq, requires
 __all__ = ["TranscriptHandler"]
 
 MAX_LIMIT = 10000
+#: Bytes of messages a page (JSON, or each read of the text format) holds at most.
+PAGE_BYTES = 16 * 1024 * 1024
 
 
 class TranscriptHandler(ServicesMixin, APIHandler):
@@ -51,7 +56,14 @@ class TranscriptHandler(ServicesMixin, APIHandler):
         if output == "text":
             await self._text(kernel_id, since, head, parent)
             return
-        page = await store.read(kernel_id, since, limit, parent=parent, msg_types=msg_types or None)
+        page = await store.read(
+            kernel_id,
+            since,
+            limit,
+            parent=parent,
+            msg_types=msg_types or None,
+            max_bytes=PAGE_BYTES,
+        )
         self._json(kernel_id, page, since, running)
 
     def _json(self, kernel_id: str, page: TranscriptPage, since: int, running: bool) -> None:
@@ -80,7 +92,13 @@ class TranscriptHandler(ServicesMixin, APIHandler):
         cursor = since
         while True:
             page = await self.services.store.read(
-                kernel_id, cursor, MAX_LIMIT, until=head, parent=parent, msg_types=("stream",)
+                kernel_id,
+                cursor,
+                MAX_LIMIT,
+                until=head,
+                parent=parent,
+                msg_types=("stream",),
+                max_bytes=PAGE_BYTES,
             )
             if not page.records:
                 break

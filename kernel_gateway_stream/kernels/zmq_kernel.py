@@ -67,6 +67,7 @@ from ..core.messages import (
     split_identities,
 )
 from ..core.oversize import cut_message, parts_size
+from ..memory import pin_mmap_threshold
 from .base import IOPubSink, ReplyCallback
 
 __all__ = [
@@ -94,6 +95,10 @@ BACKLOG_OVERHEAD = 400
 ZERO_COPY_FROM = 64 * 1024
 #: Largest signature frame accepted (a hex HMAC is at most 128 bytes).
 MAX_SIGNATURE = 1024
+#: A message of at most this many bytes (with its overhead) is small: see ``_pull``.
+SMALL_MESSAGE = 4096
+#: Allocations from this size on are mmap()ed and unmapped when freed (see memory.py).
+MMAP_THRESHOLD = 1024 * 1024
 #: Reason of the gap record for messages a full backlog could not keep.
 BACKLOG_FULL = "iopub_backlog_full"
 
@@ -160,6 +165,9 @@ class KernelSockets:
     """Owns the ZMQ context every socket of the gateway is made in."""
 
     def __init__(self) -> None:
+        # What kernels send arrives in large buffers (libzmq's, and the bytes decoded from
+        # them): each is given back to the system when freed, not kept in an arena.
+        pin_mmap_threshold(MMAP_THRESHOLD)
         self.context = zmq.Context()
         # One SUB per kernel plus three DEALERs per client that talks to a kernel: more
         # than libzmq's default of 1023 sockets on a busy gateway.
@@ -393,7 +401,9 @@ class ZmqIOPubSource:
         self.dropped = 0
         #: Read and not yet recorded: a message's parts and its cost, or the number of
         #: messages a full backlog dropped at that place.
-        self._backlog: deque[tuple[list[bytes | memoryview], int] | int] = deque()
+        self._backlog: deque[tuple[list[bytes | memoryview] | KernelMessage | None, int] | int] = (
+            deque()
+        )
         self._backlog_bytes = 0
         self._refusals_logged = 0.0
         self._socket: zmq.Socket[bytes] | None = None
@@ -485,7 +495,9 @@ class ZmqIOPubSource:
                 self._backlog_bytes -= cost
                 taken += cost
                 try:
-                    self._decode_and_hand_over(parts)
+                    message = parts if not isinstance(parts, list) else self._decode(parts)
+                    if message is not None:
+                        self.sink.record_message(message)
                 except Exception:
                     # Never stop reading: the fd signals only on an edge, so a batch that
                     # ends in an exception would leave the socket unread for good.
@@ -509,8 +521,18 @@ class ZmqIOPubSource:
                 return True
             frames = _receive(socket)
             pulled += 1
-            cost = sum(map(len, frames)) + BACKLOG_OVERHEAD
-            if budget and backlog and self._backlog_bytes + cost > budget:
+            size = sum(map(len, frames))
+            entry: list[bytes | memoryview] | KernelMessage | None = frames
+            limit = self.settings.max_message_bytes
+            if limit and size > limit:
+                # Cut now, not when its turn comes: the backlog holds what is kept of it.
+                entry = self._decode(frames)
+                size = 0 if entry is None else entry.size
+            cost = size + BACKLOG_OVERHEAD
+            # Past the budget a small message (a status, an execute_input) still has a
+            # reserve of an eighth of it: an execution's idle is not lost behind a flood.
+            over = budget and backlog and self._backlog_bytes + cost > budget
+            if over and (cost > SMALL_MESSAGE or self._backlog_bytes + cost > budget * 9 // 8):
                 self.dropped += 1
                 last = backlog[-1]
                 if isinstance(last, int):
@@ -523,11 +545,13 @@ class ZmqIOPubSource:
                         budget,
                     )
                 continue
-            backlog.append((frames, cost))
+            backlog.append((entry, cost))
             self._backlog_bytes += cost
         return False
 
-    def _decode_and_hand_over(self, frames: list[bytes | memoryview]) -> None:
+    def _decode(self, frames: list[bytes | memoryview]) -> KernelMessage | None:
+        """The message to record for ``frames`` (cut if over max_message_bytes, a
+        placeholder if signed but not a message); None if refused (counted, logged)."""
         try:
             _, rest = split_identities(frames)  # type: ignore[arg-type]
             if len(rest) < 5:
@@ -539,7 +563,7 @@ class ZmqIOPubSource:
             if self.history.seen(signature):
                 self.replays += 1
                 self._refused(f"a replay of a message already recorded ({self.replays})")
-                return
+                return None
             limit = self.settings.max_message_bytes
             try:
                 if limit and parts_size(rest[1:]) > limit:
@@ -552,7 +576,7 @@ class ZmqIOPubSource:
                 if _forges_a_mark(message):
                     self.rejected += 1
                     self._refused(f"a message only the gateway writes ({message.msg_type})")
-                    return
+                    return None
             except RemoteError as error:
                 self.invalid += 1
                 invalid = InvalidMessage(str(error), signature, rest[1:])  # type: ignore[arg-type]
@@ -562,8 +586,8 @@ class ZmqIOPubSource:
         except (BadSignature, RemoteError) as error:
             self.rejected += 1
             self._refused(f"an invalid message ({error})")
-            return
-        self.sink.record_message(message)
+            return None
+        return message
 
     def _refused(self, what: str) -> None:
         """Log a refusal, at most once per ``refusal_log_interval`` (a kernel can send a
