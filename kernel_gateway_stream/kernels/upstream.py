@@ -37,6 +37,7 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 from ..core.errors import MalformedMessage, RemoteError
 from ..core.marks import GAP_MSG_TYPE
 from ..core.messages import KernelMessage, Signer, dumps_json, load_json_object
+from ..core.upstream_counters import CounterWatch, parse_counter
 from ..core.wire import SEQ_METADATA_KEY, decode_legacy_binary, decode_v1, encode_v1
 from .base import IOPubSink, ReplyCallback
 from .upstream_channels import UpstreamChannels, UpstreamHub
@@ -66,6 +68,10 @@ __all__ = [
 V1_SUBPROTOCOL = "v1.kernel.websocket.jupyter.org"
 #: Where an upstream kernel_gateway_stream's seq is kept in a record's metadata.
 UPSTREAM_METADATA_KEY = "kernel_gateway_stream_upstream"
+#: Marks a message the gateway recorded for the kernel (an ``idle`` the upstream lost).
+SYNTHESIZED_METADATA_KEY = "kernel_gateway_stream_synthesized"
+#: Executions whose execute_reply came and whose idle is awaited, at most.
+MAX_AWAITING_IDLE = 1000
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,9 @@ class UpstreamSettings:
     connect_timeout: float = 20.0
     max_message_bytes: int = 256 * 1024 * 1024
     gone_after: float = 30.0
+    #: Seconds a number missing from the kernel's counter may still arrive late (see
+    #: :mod:`..core.upstream_counters`).
+    reorder_window: float = 2.0
 
 
 def decode_upstream(data: bytes | str, v1: bool) -> tuple[str, list[bytes]]:
@@ -253,9 +262,131 @@ class UpstreamIOPubSource:
         self._connection: Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        #: The kernel's message counter (see :mod:`..core.upstream_counters`); None once
+        #: the upstream is a kernel_gateway_stream, whose own gap records and exact resume
+        #: say what it lost.
+        self.counters: CounterWatch | None = CounterWatch(link.settings.reorder_window)
+        #: Messages the counters found lost (each batch one ``upstream_lost`` gap record).
+        self.upstream_lost = 0
+        self._poll_timer: asyncio.TimerHandle | None = None
+        #: Executions of the gateway's clients whose execute_reply came and whose idle
+        #: has not: parent msg_id -> (the reply's number, the request's raw header, the
+        #: kernel's session).
+        self._awaiting_idle: OrderedDict[str, tuple[int, bytes, str]] = OrderedDict()
+        link.hub.observer = self._saw_reply
+        link.hub.on_sent = self._sent
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
+
+    def _sent(self, msg_id: str) -> None:
+        if self.counters is not None:
+            self.counters.sent(msg_id)
+
+    def _saw_reply(self, channel: str, message: KernelMessage) -> None:
+        self._saw(message)
+        parent = message.parent_msg_id
+        if message.msg_type == "execute_reply" and parent and self.counters is not None:
+            counted = parse_counter(message.msg_id)
+            if counted is not None:
+                session = message.header().get("session")
+                self._awaiting_idle[parent] = (
+                    counted[1],
+                    message.raw_parent_header,
+                    session if isinstance(session, str) else "",
+                )
+                while len(self._awaiting_idle) > MAX_AWAITING_IDLE:
+                    self._awaiting_idle.popitem(last=False)
+                # If its idle was lost and the kernel then goes quiet, no later number
+                # would show the hole: a nudge makes the kernel number a few more.
+                asyncio.get_running_loop().call_later(
+                    2 * self.link.settings.reorder_window, self._nudge_if_awaiting, parent
+                )
+
+    def _nudge_if_awaiting(self, parent: str) -> None:
+        connection = self._connection
+        if parent in self._awaiting_idle and connection is not None and not self._stopped:
+            self._nudge(connection)
+
+    def _saw(self, message: KernelMessage) -> None:
+        """Count ``message`` against the kernel's counter; record what is found lost."""
+        counters = self.counters
+        if counters is None:
+            return
+        now = time.monotonic()
+        counters.saw(
+            message.msg_id,
+            now,
+            parent_msg_id=message.parent_msg_id,
+            parent_msg_type=message.parent_msg_type,
+            execution_state=message.execution_state,
+        )
+        if counters.pending or counters.next_deadline() is not None:
+            self._judge(now)
+
+    def _judge(self, now: float) -> None:
+        counters = self.counters
+        if counters is None:
+            return
+        lost = counters.poll(now)
+        if lost is not None:
+            self.upstream_lost += lost.count
+            self.log.warning(
+                "Upstream kernel %s: %s%d messages numbered %d..%d never arrived",
+                self.link.kernel_id,
+                "at most " if lost.bound else "",
+                lost.count,
+                lost.first,
+                lost.last,
+            )
+            self.sink.record_gap("upstream_lost", lost.count)
+            self._end_executions_after(lost.last)
+        deadline = counters.next_deadline()
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
+        if deadline is not None and not self._stopped:
+            self._poll_timer = asyncio.get_running_loop().call_later(
+                max(0.0, deadline - now) + 0.01, self._on_poll_timer
+            )
+
+    def _end_executions_after(self, last_lost: int) -> None:
+        """Executions whose execute_reply came and whose ``idle`` is among the numbers
+        just found lost end: the gateway records the ``idle`` the kernel published and the
+        upstream lost, marked as the gateway's (``metadata.kernel_gateway_stream_synthesized``),
+        after the gap record (so the execution's summary lists the gap)."""
+        for parent, (reply_number, request_header, session) in list(self._awaiting_idle.items()):
+            if reply_number >= last_lost:
+                continue
+            del self._awaiting_idle[parent]
+            header = {
+                "msg_id": uuid.uuid4().hex,
+                "msg_type": "status",
+                "username": "kernel_gateway_stream",
+                "session": session,
+                "date": _now_iso(),
+                "version": "5.3",
+            }
+            metadata = {SYNTHESIZED_METADATA_KEY: {"reason": "upstream_lost"}}
+            idle = KernelMessage.from_parts(
+                [
+                    dumps_json(header),
+                    request_header,
+                    dumps_json(metadata),
+                    dumps_json({"execution_state": "idle"}),
+                ],
+                repair=True,
+            )
+            self.log.warning(
+                "Upstream kernel %s: the idle of %s was lost; the execution ends",
+                self.link.kernel_id,
+                parent,
+            )
+            self.sink.record_message(idle)
+
+    def _on_poll_timer(self) -> None:
+        self._poll_timer = None
+        self._judge(time.monotonic())
 
     async def _run(self) -> None:
         attempt = 0
@@ -292,6 +423,9 @@ class UpstreamIOPubSource:
                 await self._read(connection)
             finally:
                 self.link.hub.detach()
+                # What a dropped connection missed is the reconnection's gap record.
+                if self.counters is not None:
+                    self.counters.reset()
             self._connection = None
             if not self._stopped:
                 self._unreachable("the upstream closed the connection")
@@ -336,8 +470,10 @@ class UpstreamIOPubSource:
 
     def _nudge(self, connection: Connection) -> None:
         """A kernel_info_request: its status messages prove the IOPub path live."""
+        msg_id = uuid.uuid4().hex
+        self._sent(msg_id)
         header = {
-            "msg_id": uuid.uuid4().hex,
+            "msg_id": msg_id,
             "msg_type": "kernel_info_request",
             "username": "kernel_gateway_stream",
             "session": self._session_id,
@@ -363,6 +499,7 @@ class UpstreamIOPubSource:
                         continue
                     self.upstream_seq = seq
                     parts[2] = metadata
+                    self.counters = None
                 message = KernelMessage.from_parts(parts, repair=True)
                 if message.msg_type == GAP_MSG_TYPE:
                     # The upstream's numbers are not ours: the gap is recorded afresh.
@@ -377,6 +514,9 @@ class UpstreamIOPubSource:
                 continue
             self.sink.record_message(message)
             self.sink.batch_received()
+            if message.execution_state == "idle" and message.parent_msg_id:
+                self._awaiting_idle.pop(message.parent_msg_id, None)
+            self._saw(message)
 
     def reconnect(self) -> None:
         """After a restart: the upstream keeps the connection; nothing to do."""
@@ -386,6 +526,9 @@ class UpstreamIOPubSource:
 
     def stop(self) -> None:
         self._stopped = True
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
         if self._connection is not None:
             self._connection.socket.close()
         if self._task is not None:

@@ -126,6 +126,8 @@ class UpstreamHub:
         self.unrouted = 0
         #: Called with every message read on shell, control and stdin, before routing.
         self.observer: Callable[[str, KernelMessage], None] | None = None
+        #: Called with the msg_id of every request sent.
+        self.on_sent: Callable[[str], None] | None = None
 
     @property
     def open(self) -> bool:
@@ -150,8 +152,11 @@ class UpstreamHub:
             self.log.warning("Not sent upstream: %s", error)
             return
         msg_id, msg_type = header.get("msg_id"), header.get("msg_type")
-        if owner is not None and isinstance(msg_id, str) and isinstance(msg_type, str):
-            self.routes.sent(owner, msg_id, msg_type)
+        if isinstance(msg_id, str) and isinstance(msg_type, str):
+            if owner is not None:
+                self.routes.sent(owner, msg_id, msg_type)
+            if self.on_sent is not None and msg_type.endswith("_request"):
+                self.on_sent(msg_id)
         if self._writer is None:
             if len(self._held) < MAX_HELD:
                 self._held.append((channel, parts))

@@ -21,7 +21,14 @@ from kernel_gateway_stream.client import GatewayClient
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
-from .test_upstream import FLOOD, Upstream, gateway_options, install_lossless_python
+from .test_upstream import (
+    FLOOD,
+    GAP,
+    Upstream,
+    gateway_options,
+    install_lossless_python,
+    numbers,
+)
 from .waits import wait_until
 from .wsclient import KernelWS, Received
 
@@ -184,3 +191,71 @@ async def test_input_interrupt_restart_and_a_watcher_that_leaves(
     finally:
         for ws in (asker, first, second):
             ws.close()
+
+
+async def all_records(client: GatewayClient, kernel_id: str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        page = (await client.transcript(kernel_id, since=since, limit=10000))["records"]
+        if not page:
+            return records
+        records += page
+        since = page[-1]["seq"]
+
+
+def lost_messages(records: list[dict[str, Any]]) -> int:
+    """Messages the ``upstream_lost`` gap records count."""
+    gaps = [r["content"] for r in records if r["msg_type"] == GAP]
+    return sum(gap["lost"] for gap in gaps if gap["reason"] == "upstream_lost")
+
+
+def runs(missing: list[int]) -> int:
+    """How many runs of consecutive numbers ``missing`` (sorted) holds."""
+    return sum(1 for i, n in enumerate(missing) if i == 0 or missing[i - 1] != n - 1)
+
+
+async def test_what_the_upstreams_kernel_drops_is_an_upstream_lost_gap(
+    stock_upstream: Upstream, daemon: Daemon
+) -> None:
+    """A second client connected directly to the upstream's kernel doubles the upstream's
+    work during a flood; the stock ipykernel drops IOPub past its high-water mark. Every
+    line the gateway lacks is inside an ``upstream_lost`` gap record counting at least as
+    many messages as there are runs of missing lines; with nothing missing, there is no
+    such record. The execution ends either way (if its idle was lost, the gateway's)."""
+    kernel_id = await in_front(daemon, stock_upstream)
+    direct = await KernelWS.open(
+        f"ws://127.0.0.1:{stock_upstream.port}/api/kernels/{kernel_id}/channels",
+        {"Authorization": f"token {TOKEN}"},
+    )
+    ws = await daemon.channels(kernel_id)
+    try:
+        msg_id = ws.execute(FLOOD)
+        await ws.until_idle(msg_id, timeout=180)
+        async with GatewayClient(daemon.url, TOKEN) as client:
+            records = await all_records(client, kernel_id)
+
+            def accounted() -> bool:
+                # Numbers missing near the end are judged after the reordering window.
+                missing = set(range(20000)) - set(numbers(records, msg_id))
+                return not missing or lost_messages(records) >= runs(sorted(missing))
+
+            async def judged() -> bool:
+                nonlocal records
+                records = await all_records(client, kernel_id)
+                return accounted()
+
+            await wait_until(judged, "every missing line inside an upstream_lost gap", 60)
+        summary = await daemon.fetch(f"/api/kernels/{kernel_id}/executions/{msg_id}")
+    finally:
+        ws.close()
+        direct.close()
+    lines = numbers(records, msg_id)
+    assert lines == sorted(set(lines)), "lines out of order or twice"
+    missing = sorted(set(range(20000)) - set(lines))
+    assert summary["status"] == "ok"
+    if missing:
+        assert lost_messages(records) >= runs(missing) > 0
+        assert summary["gaps"], "the execution's summary lists the gaps"
+    else:
+        assert lost_messages(records) == 0

@@ -1,0 +1,264 @@
+"""What an upstream's kernel numbered and the gateway never received: pure, no I/O.
+
+jupyter_client numbers every message a kernel's session sends, on every channel, with
+one counter: ``msg_id`` is ``<session>_<pid>_<n>`` (jupyter_client 7 and later) or
+``<session>_<n>`` (jupyter_client 6, Enterprise Gateway's kernels). Behind an upstream
+server the gateway reads, on its one WebSocket to the kernel, the kernel's IOPub and the
+replies to its own requests; a number it never receives is a message lost on the way
+(ipykernel's PUB socket drops past its high-water mark when a server falls behind) or a
+message sent to another client of the upstream. The rules, in order:
+
+1. **Reordering.** ipykernel numbers messages in two threads (stream output in its IOPub
+   thread, the rest in the main or control thread), and the upstream merges shell,
+   control, stdin and IOPub from different sockets onto the WebSocket, so numbers arrive
+   out of order. A missing number (a *hole*) is noticed when a higher one arrives and
+   only judged once it has been missing for ``window`` seconds and ``settle`` more
+   messages have arrived since, or for ``quiet_window`` seconds whatever came after.
+2. **Other clients.** A request the gateway did not send (another client of the upstream,
+   or the upstream server's own ``kernel_info_request``) shows on IOPub as ``busy`` and
+   ``idle`` statuses with that request as parent; its reply is numbered between the two
+   and goes to the other client. So each such request explains one hole between its
+   ``busy`` and its ``idle`` (or after its ``busy`` while its ``idle`` has not come). An
+   ``execute_request`` may also send ``input_request`` to its client: holes beyond the
+   first in its span are lost, but the count is only an upper bound.
+3. **Judgement.** Holes still missing and not explained are reported, all those judged at
+   one :meth:`CounterWatch.poll` together, as one :class:`Lost` (``count``, and ``bound``
+   when rule 2 may explain part of it).
+4. **Bounds.** A kernel restart brings a new session: the watch follows the newest one.
+   At most ``max_holes`` runs of holes and ``max_spans`` request spans are kept; past
+   them the oldest are judged at once. Numbers below the first one seen are ignored (the
+   gateway came late). :meth:`CounterWatch.reset` forgets everything (the connection
+   dropped: that loss is the reconnection's own gap record).
+
+A kernel whose ``msg_id`` does not follow jupyter_client's form is not watched.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+__all__ = ["CounterWatch", "Lost", "parse_counter"]
+
+_COUNTED = re.compile(r"^(?P<key>.{8,}?)_(?P<n>[0-9]{1,18})$")
+
+
+def parse_counter(msg_id: str) -> tuple[str, int] | None:
+    """``(session key, n)`` of a jupyter_client ``msg_id``; None for any other form."""
+    match = _COUNTED.match(msg_id)
+    if match is None:
+        return None
+    return match.group("key"), int(match.group("n"))
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """Numbers the kernel gave out that never arrived: ``count`` messages (an upper bound
+    if ``bound``), numbered ``first`` to ``last`` at most."""
+
+    count: int
+    bound: bool
+    first: int
+    last: int
+
+
+@dataclass(slots=True)
+class _Hole:
+    first: int
+    last: int
+    noticed: float
+    #: Messages received when it was noticed (for ``settle``).
+    received: int
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+
+@dataclass(slots=True)
+class _Span:
+    """A request of another client: its ``busy`` and ``idle`` numbers."""
+
+    busy: int
+    idle: int | None
+    execute: bool
+    explained: int = 0
+
+
+@dataclass(slots=True)
+class _Session:
+    key: str
+    high: int
+    holes: list[_Hole] = field(default_factory=list)
+    spans: OrderedDict[str, _Span] = field(default_factory=OrderedDict)
+
+
+class CounterWatch:
+    """One upstream kernel's counters. The adapter calls :meth:`sent` for every request
+    it sends, :meth:`saw` for every message it receives (any channel), then
+    :meth:`poll` (after each batch, and at :meth:`next_deadline` when quiet)."""
+
+    def __init__(
+        self,
+        window: float = 2.0,
+        *,
+        settle: int = 64,
+        quiet_window: float = 10.0,
+        max_holes: int = 1000,
+        max_spans: int = 1000,
+        max_sent: int = 10_000,
+    ) -> None:
+        self.window = window
+        self.settle = settle
+        self.quiet_window = quiet_window
+        self.max_holes = max_holes
+        self.max_spans = max_spans
+        self.max_sent = max_sent
+        self.received = 0
+        self._session: _Session | None = None
+        self._sent: OrderedDict[str, None] = OrderedDict()
+        #: Holes judged past the bounds, waiting for the next poll.
+        self._forced: list[tuple[int, bool, int, int]] = []
+
+    def sent(self, msg_id: str) -> None:
+        """The gateway sent request ``msg_id`` upstream: its reply comes to it."""
+        self._sent[msg_id] = None
+        while len(self._sent) > self.max_sent:
+            self._sent.popitem(last=False)
+
+    def reset(self) -> None:
+        self._session = None
+        self._forced = []
+
+    def saw(
+        self,
+        msg_id: str,
+        now: float,
+        *,
+        parent_msg_id: str | None = None,
+        parent_msg_type: str | None = None,
+        execution_state: str | None = None,
+    ) -> None:
+        """A message the kernel sent, received by the gateway on any channel."""
+        counted = parse_counter(msg_id)
+        if counted is None:
+            return
+        key, number = counted
+        self.received += 1
+        session = self._session
+        if session is None or session.key != key:
+            # The first message of this session the gateway sees, or a restart's new one.
+            session = self._session = _Session(key, number)
+        elif number > session.high:
+            if number > session.high + 1:
+                session.holes.append(_Hole(session.high + 1, number - 1, now, self.received))
+                if len(session.holes) > self.max_holes:
+                    self._force(session, session.holes.pop(0))
+            session.high = number
+        else:
+            self._fill(session, number)
+        if execution_state in ("busy", "idle") and parent_msg_id:
+            self._span(session, number, parent_msg_id, parent_msg_type, execution_state)
+
+    def _fill(self, session: _Session, number: int) -> None:
+        """A late number: take it out of its hole (splitting the hole)."""
+        for index, hole in enumerate(session.holes):
+            if hole.first <= number <= hole.last:
+                pieces = []
+                if hole.first < number:
+                    pieces.append(_Hole(hole.first, number - 1, hole.noticed, hole.received))
+                if number < hole.last:
+                    pieces.append(_Hole(number + 1, hole.last, hole.noticed, hole.received))
+                session.holes[index : index + 1] = pieces
+                return
+
+    def _span(
+        self,
+        session: _Session,
+        number: int,
+        parent: str,
+        parent_type: str | None,
+        state: str,
+    ) -> None:
+        if parent in self._sent:
+            return  # the gateway's own request: its reply comes to the gateway
+        span = session.spans.get(parent)
+        if state == "busy":
+            if span is None:
+                session.spans[parent] = _Span(number, None, parent_type == "execute_request")
+                while len(session.spans) > self.max_spans:
+                    session.spans.popitem(last=False)
+        elif span is not None:
+            span.idle = number if span.idle is None else max(span.idle, number)
+
+    def _force(self, session: _Session, hole: _Hole) -> None:
+        explained, bound = self._explain(session, hole)
+        if hole.size - explained > 0:
+            self._forced.append((hole.size - explained, bound, hole.first, hole.last))
+
+    def _explain(self, session: _Session, hole: _Hole) -> tuple[int, bool]:
+        """How many of ``hole``'s numbers other clients' requests explain (rule 2), and
+        whether what remains is only an upper bound."""
+        explained = 0
+        bound = False
+        for span in session.spans.values():
+            low = max(hole.first, span.busy + 1)
+            high = hole.last if span.idle is None else min(hole.last, span.idle - 1)
+            if low > high:
+                continue
+            if span.execute:
+                bound = True
+            if span.explained == 0 and explained < hole.size:
+                span.explained = 1
+                explained += 1
+        return explained, bound
+
+    def poll(self, now: float) -> Lost | None:
+        """Judge the holes that are due: what was lost, if anything."""
+        judged = list(self._forced)
+        self._forced = []
+        session = self._session
+        if session is not None:
+            keep = []
+            for hole in session.holes:
+                waited = now - hole.noticed
+                settled = self.received - hole.received >= self.settle
+                if (waited >= self.window and settled) or waited >= self.quiet_window:
+                    explained, bound = self._explain(session, hole)
+                    if hole.size > explained:
+                        judged.append((hole.size - explained, bound, hole.first, hole.last))
+                else:
+                    keep.append(hole)
+            session.holes = keep
+            self._prune(session)
+        if not judged:
+            return None
+        return Lost(
+            sum(count for count, _, _, _ in judged),
+            any(bound for _, bound, _, _ in judged),
+            min(first for _, _, first, _ in judged),
+            max(last for _, _, _, last in judged),
+        )
+
+    def _prune(self, session: _Session) -> None:
+        """Spans wholly below every hole and every future number explain nothing more."""
+        low = session.holes[0].first if session.holes else session.high
+        for parent, span in list(session.spans.items()):
+            if span.idle is not None and span.idle < low:
+                del session.spans[parent]
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`poll` may next have something to judge with no message arriving."""
+        if self._forced:
+            return 0.0
+        session = self._session
+        if session is None or not session.holes:
+            return None
+        return min(hole.noticed for hole in session.holes) + self.quiet_window
+
+    @property
+    def pending(self) -> int:
+        """Numbers missing and not yet judged."""
+        session = self._session
+        return sum(hole.size for hole in session.holes) if session is not None else 0

@@ -1,0 +1,116 @@
+"""The upstream kernel's message counter (kernel_gateway_stream.core.upstream_counters):
+pure, time passed in."""
+
+from __future__ import annotations
+
+from kernel_gateway_stream.core.upstream_counters import CounterWatch, Lost, parse_counter
+
+KEY = "5f0c1c0e-8d63a1f2b0e94c59a1b2c3d4_4242"
+
+
+def mid(n: int) -> str:
+    return f"{KEY}_{n}"
+
+
+def watch(**options: float) -> CounterWatch:
+    return CounterWatch(window=1.0, settle=2, quiet_window=5.0, **options)  # type: ignore[arg-type]
+
+
+def test_both_forms_of_jupyter_client_ids_and_no_others() -> None:
+    assert parse_counter("a1b2c3d4-e5f6_1234_17") == ("a1b2c3d4-e5f6_1234", 17)
+    assert parse_counter("a1b2c3d4-e5f6a7b8_17") == ("a1b2c3d4-e5f6a7b8", 17)
+    assert parse_counter("0f8e4a7c9d6b4e2a8f1c3b5d7e9a1c3e") is None
+    assert parse_counter("x_1") is None
+
+
+def test_numbers_in_any_order_within_the_window_are_no_loss() -> None:
+    counters = watch()
+    for n, at in ((0, 0.0), (2, 0.1), (1, 0.5), (4, 0.6), (3, 0.9), (5, 0.95), (6, 1.0)):
+        counters.saw(mid(n), at)
+    assert counters.poll(10.0) is None
+    assert counters.pending == 0
+
+
+def test_a_number_missing_past_the_window_and_settle_is_lost() -> None:
+    counters = watch()
+    counters.saw(mid(0), 0.0)
+    counters.saw(mid(5), 0.1)  # 1..4 missing
+    assert counters.poll(0.5) is None  # inside the window
+    assert counters.poll(2.0) is None  # past it, but too few messages since
+    counters.saw(mid(6), 2.0)
+    counters.saw(mid(7), 2.0)
+    assert counters.poll(2.0) == Lost(4, False, 1, 4)
+    assert counters.pending == 0
+
+
+def test_a_quiet_kernel_is_judged_after_the_quiet_window() -> None:
+    counters = watch()
+    counters.saw(mid(0), 0.0)
+    counters.saw(mid(3), 0.0)
+    assert counters.next_deadline() == 5.0
+    assert counters.poll(4.9) is None
+    assert counters.poll(5.0) == Lost(2, False, 1, 2)
+    assert counters.next_deadline() is None
+
+
+def test_a_late_number_splits_its_hole() -> None:
+    counters = watch()
+    counters.saw(mid(0), 0.0)
+    counters.saw(mid(10), 0.0)
+    counters.saw(mid(5), 0.2)
+    assert counters.pending == 8
+    assert counters.poll(6.0) == Lost(8, False, 1, 9)
+
+
+def test_another_clients_request_explains_one_number_between_its_busy_and_idle() -> None:
+    counters = watch()
+    counters.saw(mid(0), 0.0)
+    # jupyter_server's own kernel_info_request: busy (1), its reply to it (2), idle (3).
+    counters.saw(mid(1), 0.0, parent_msg_id="theirs", parent_msg_type="kernel_info_request",
+                 execution_state="busy")  # fmt: skip
+    counters.saw(mid(3), 0.0, parent_msg_id="theirs", parent_msg_type="kernel_info_request",
+                 execution_state="idle")  # fmt: skip
+    assert counters.poll(6.0) is None
+    # Two numbers missing in another request's span: the reply, and one lost (exactly).
+    counters.saw(mid(4), 6.0, parent_msg_id="again", parent_msg_type="complete_request",
+                 execution_state="busy")  # fmt: skip
+    counters.saw(mid(7), 6.0, parent_msg_id="again", parent_msg_type="complete_request",
+                 execution_state="idle")  # fmt: skip
+    assert counters.poll(12.0) == Lost(1, False, 5, 6)
+
+
+def test_the_gateways_own_requests_explain_nothing() -> None:
+    counters = watch()
+    counters.sent("ours")
+    counters.saw(mid(0), 0.0, parent_msg_id="ours", execution_state="busy")
+    counters.saw(mid(2), 0.0, parent_msg_id="ours", execution_state="idle")
+    assert counters.poll(6.0) == Lost(1, False, 1, 1)
+
+
+def test_holes_in_another_clients_execution_are_an_upper_bound() -> None:
+    counters = watch()
+    counters.saw(mid(0), 0.0, parent_msg_id="run", parent_msg_type="execute_request",
+                 execution_state="busy")  # fmt: skip
+    counters.saw(mid(5), 0.0)  # still running: its idle has not come
+    assert counters.poll(6.0) == Lost(3, True, 1, 4)
+
+
+def test_a_new_session_a_reset_and_a_late_start_lose_nothing() -> None:
+    counters = watch()
+    counters.saw(mid(100), 0.0)  # the gateway came late: 0..99 are not its to judge
+    counters.saw(mid(103), 0.0)
+    counters.saw("a1b2c3d4-0000_77_0", 0.1)  # the kernel restarted: a new session
+    counters.saw("a1b2c3d4-0000_77_1", 0.1)
+    assert counters.poll(10.0) is None
+    counters.saw("a1b2c3d4-0000_77_9", 10.0)
+    counters.reset()  # the connection dropped: its own gap record says so
+    assert counters.poll(20.0) is None
+
+
+def test_holes_past_the_bound_are_judged_at_once() -> None:
+    counters = watch(max_holes=2)
+    for n in (0, 2, 4, 6):
+        counters.saw(mid(n), 0.0)
+    assert counters.next_deadline() == 0.0
+    assert counters.poll(0.0) == Lost(1, False, 1, 1)
+    assert counters.pending == 2
