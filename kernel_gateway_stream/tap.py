@@ -11,8 +11,11 @@ ZMQ details that matter here:
   reaches it. The Tap therefore sends ``kernel_info_request`` on a shell socket of its own
   until an IOPub message arrives, and only then reports ready; client connections and the
   execute API wait for that before they send the kernel anything.
-* **No drops.** The SUB socket's receive high-water mark is 0 (unbounded), so the kernel's
-  PUB socket never drops a message because the gateway fell behind for a moment.
+* **No drops, within bytes.** The IOPub source reads its socket eagerly into a backlog
+  bounded in bytes (``iopub_backlog_bytes``), so the kernel's PUB socket never drops a
+  message because the gateway fell behind for a moment; past that budget the gateway
+  drops, in one explicit gap record. A message over ``max_message_bytes`` is recorded cut
+  (see :mod:`.core.oversize`).
 
 :class:`TapManager` keeps one Tap per kernel of the server's kernel manager, following
 jupyter_server's ``kernel_actions`` events and reconciling periodically.
@@ -624,7 +627,9 @@ class TapManager(LoggingConfigurable):
         "recorded (0: no bound). The Tap reads its socket eagerly into this backlog (ZMQ "
         "bounds its own queue in messages only: 20,000 messages of 8 MiB would be 160 GiB); "
         "what arrives while it is full is not kept, and one gap record (reason "
-        "iopub_backlog_full) says how many messages were lost there.",
+        "iopub_backlog_full) says how many messages were lost there. Messages of 4 KiB or "
+        "less (statuses: an execution's idle) have a reserve of an eighth more; a message "
+        "over max_message_bytes is cut as it is read and takes only what is kept of it.",
     )
     iopub_batch = Int(
         500,
