@@ -45,6 +45,7 @@ from .executions import ExecutionManager
 from .handlers.cells import CellsHandler
 from .handlers.channels import ChannelsHandler, StreamChannelsConnection
 from .handlers.common import SETTINGS_KEY, QueuePolicy, Services
+from .handlers.error_bodies import error_reasons
 from .handlers.execute import (
     ExecuteHandler,
     ExecutionEventsHandler,
@@ -542,6 +543,12 @@ class GatewayStreamApp(ExtensionApp):
                     f"{error.strerror or error}"
                 ) from error
         self.settings[SETTINGS_KEY] = self.services
+        # Every refusal says why (a 403 to a wrong token: invalid_token); in the daemon,
+        # every error is JSON, jupyter_server's HTML pages (/metrics, unknown paths) too.
+        identity = serverapp.identity_provider
+        serverapp.web_app.add_transform(
+            error_reasons(lambda: str(identity.token or ""), html_to_json=daemon)
+        )
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
         StreamKernelManager.lossless_iopub = self.lossless_kernel_iopub
         if kernel_manager.kernel_manager_class == DEFAULT_KM:
