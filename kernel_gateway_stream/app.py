@@ -28,6 +28,7 @@ import sys
 import time
 from typing import Any
 
+from jupyter_core.paths import jupyter_data_dir
 from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
@@ -551,6 +552,9 @@ class GatewayStreamApp(ExtensionApp):
         )
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
         StreamKernelManager.lossless_iopub = self.lossless_kernel_iopub
+        StreamKernelManager.output_directory = os.path.join(
+            self._state_directory(), "kernel-output"
+        )
         if kernel_manager.kernel_manager_class == DEFAULT_KM:
             kernel_manager.kernel_manager_class = (
                 f"{StreamKernelManager.__module__}.StreamKernelManager"
@@ -562,6 +566,13 @@ class GatewayStreamApp(ExtensionApp):
         for kernel_id, first, last in self.store.recovered:
             self.log.info("Recovered transcript %s: seqs %d-%d were lost (a gap record)",
                           kernel_id, first, last)  # fmt: skip
+
+    def _state_directory(self) -> str:
+        """The gateway's own directory: the SQLite store's, else the default one."""
+        path = getattr(self.store, "path", None)
+        if isinstance(path, str) and path:
+            return os.path.dirname(os.path.abspath(path))
+        return os.path.join(jupyter_data_dir(), "kernel_gateway_stream")
 
     def _route_logs(self, secrets: list[str], server_log: logging.Logger) -> None:
         """The package's own loggers log through the server's handlers, and no handler

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable, Collection
 from typing import Any
 
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_core.utils import ensure_async
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import (
@@ -114,7 +115,10 @@ class StreamKernelManager(ServerKernelManager):
       :attr:`secret_values`), whatever the kernelspec or the caller put in it;
     * :attr:`lifecycle_hooks`, called with ``"restart_requested"`` or ``"shutdown"`` when a
       restart or a shutdown is asked for, before the kernel goes (the Tap records it there:
-      what the kernel does then, such as interrupting the running cell, comes after it).
+      what the kernel does then, such as interrupting the running cell, comes after it);
+    * the kernel process's own stdout and stderr (ipykernel's banner, a crash's traceback)
+      appended to ``<output_directory>/<kernel id>.log`` (0600), not to the gateway's log,
+      when :attr:`output_directory` is set and the kernel is a local process.
     """
 
     #: Set by the gateway on the class before any kernel starts.
@@ -123,6 +127,8 @@ class StreamKernelManager(ServerKernelManager):
     outlive_gateway: bool = True
     secret_names: frozenset[str] = frozenset()
     secret_values: frozenset[str] = frozenset()
+    #: Where kernels' own stdout and stderr go, one file each; empty: inherited.
+    output_directory: str = ""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -158,6 +164,32 @@ class StreamKernelManager(ServerKernelManager):
         if self.outlive_gateway:
             kw["independent"] = True
         return command, kw
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        output = self._open_output_log()
+        if output is not None:
+            kw.setdefault("stdout", output)
+            kw.setdefault("stderr", output)
+        try:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+        finally:
+            if output is not None:
+                os.close(output)  # the kernel holds its own copy
+
+    def _open_output_log(self) -> int | None:
+        """A descriptor of the kernel's output log, appended to (a restart adds to it), or
+        None: no directory set, a provisioner that launches otherwise, or the file cannot
+        be opened (the kernel then inherits the gateway's, as jupyter_server's do)."""
+        if not self.output_directory or type(self.provisioner) is not LocalProvisioner:
+            return None
+        name = f"{self.kernel_id or uuid.uuid4()}.log"
+        try:
+            os.makedirs(self.output_directory, mode=0o700, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+            return os.open(os.path.join(self.output_directory, name), flags, 0o600)
+        except OSError as error:
+            self.log.warning("Cannot open %s for the kernel's output: %s", name, error)
+            return None
 
     async def restart_kernel(  # type: ignore[override]
         self, now: bool = False, newports: bool = False, **kw: Any
