@@ -109,10 +109,17 @@ class Upstream:
                 self.kill()
 
 
+#: The upstream's kernelspec, under a name of its own: installed as "python3" in the
+#: upstream's JUPYTER_DATA_DIR, it lost to a virtualenv's own python3 kernelspec (jupyter_core
+#: puts the environment's directories first there), and the test ran a plain ipykernel.
+LOSSLESS = "python3-lossless-upstream"
+
+
 def install_lossless_python(data_dir: Path) -> None:
-    """The upstream's python3 kernelspec, started through kernel_gateway_stream's launcher:
-    an ipykernel whose IOPub never drops (the README's advice for upstream servers)."""
-    spec = data_dir / "kernels" / "python3"
+    """The upstream's default kernelspec (:data:`LOSSLESS`), started through
+    kernel_gateway_stream's launcher: an ipykernel whose IOPub never drops (the README's
+    advice for upstream servers)."""
+    spec = data_dir / "kernels" / LOSSLESS
     spec.mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable,
@@ -129,7 +136,10 @@ def install_lossless_python(data_dir: Path) -> None:
 @pytest.fixture
 def jupyter_upstream(tmp_path: Path) -> Iterator[Upstream]:
     upstream = Upstream(
-        tmp_path / "upstream", "jupyter_server", "--ZMQChannelsWebsocketConnection.limit_rate=False"
+        tmp_path / "upstream",
+        "jupyter_server",
+        "--ZMQChannelsWebsocketConnection.limit_rate=False",
+        f"--MappingKernelManager.default_kernel_name={LOSSLESS}",
     )
     install_lossless_python(upstream.home / "data")
     upstream.start()
@@ -167,9 +177,12 @@ async def test_in_front_of_jupyter_server(daemon: Daemon, jupyter_upstream: Upst
     await jupyter_upstream.wait_ready()
     daemon.start(*gateway_options(jupyter_upstream.url))
     await daemon.wait_ready()
-    async with GatewayClient(daemon.url, TOKEN) as client:
-        kernel_id = await client.start_kernel()
-        assert [k["id"] for k in await jupyter_upstream.kernels()] == [kernel_id]
+    async with asyncio.timeout(seconds(180)), GatewayClient(daemon.url, TOKEN) as client:
+        kernel_id = await client.start_kernel(LOSSLESS)
+        # The kernelspec the test means, whatever else the environment holds.
+        assert [(k["id"], k["name"]) for k in await jupyter_upstream.kernels()] == [
+            (kernel_id, LOSSLESS)
+        ]
         # Recorded with no client of ours attached: the execute API reads the transcript.
         result = await client.execute(kernel_id, FLOOD)
         assert result.status == "ok"
@@ -183,7 +196,7 @@ async def test_in_front_of_jupyter_server(daemon: Daemon, jupyter_upstream: Upst
         assert received.text() == "through both\n"
     finally:
         ws.close()
-    async with GatewayClient(daemon.url, TOKEN) as client:
+    async with asyncio.timeout(seconds(60)), GatewayClient(daemon.url, TOKEN) as client:
         await client.interrupt(kernel_id)
         await client.shutdown(kernel_id)
     deadline = time.monotonic() + seconds(30)
