@@ -627,7 +627,8 @@ class TapManager(LoggingConfigurable):
         "recorded (0: no bound). The Tap reads its socket eagerly into this backlog (ZMQ "
         "bounds its own queue in messages only: 20,000 messages of 8 MiB would be 160 GiB); "
         "what arrives while it is full is not kept, and one gap record (reason "
-        "iopub_backlog_full) says how many messages were lost there. Messages of 4 KiB or "
+        "iopub_backlog_full) says how many messages were lost there. Holding "
+        "iopub_receive_hwm messages, the Tap stops reading instead. Messages of 4 KiB or "
         "less (statuses: an execution's idle) have a reserve of an eighth more; a message "
         "over max_message_bytes is cut as it is read and takes only what is kept of it.",
     )

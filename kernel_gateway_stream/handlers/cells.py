@@ -36,6 +36,22 @@ __all__ = ["CellsHandler"]
 #: Records and bytes read per page (each page is folded off the event loop).
 PAGE = 5000
 PAGE_BYTES = 8 * 1024 * 1024
+#: Answers folded and sent at once across the gateway: each holds a restorer's outputs
+#: (bounded per cell, see CellRestorer) and its body; more requests wait their turn.
+CONCURRENT = 2
+
+
+_SLOTS: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def _slots() -> asyncio.Semaphore:
+    """The slots of the running loop (a test suite runs several loops in turn)."""
+    loop = asyncio.get_running_loop()
+    slots = _SLOTS.get(loop)
+    if slots is None:
+        _SLOTS.clear()  # a loop is not run again once another has started
+        slots = _SLOTS[loop] = asyncio.Semaphore(CONCURRENT)
+    return slots
 
 
 class CellsHandler(ServicesMixin, APIHandler):
@@ -50,6 +66,10 @@ class CellsHandler(ServicesMixin, APIHandler):
             self.write_error_json(error)
 
     async def _get(self, kernel_id: str) -> None:
+        async with _slots():
+            await self._answer(kernel_id)
+
+    async def _answer(self, kernel_id: str) -> None:
         since = parse_seq("since", self.get_argument("since", None)) or 0
         store = self.services.store
         # Cut: a page applying live frames above the head answered shows none twice.

@@ -21,12 +21,14 @@ ZMQ details that matter here:
   kernel started through the gateway's launcher queues instead of dropping.
 * **A byte budget.** ZMQ bounds its queue in messages, not bytes, so the source reads the
   socket eagerly into a backlog of its own, bounded in bytes (``backlog_bytes``); what
-  arrives while the backlog is full is not kept: one gap record says how many messages it
-  was (``iopub_backlog_full``), in its place in the order. A single message over
-  ``max_message_bytes`` is recorded cut (see :mod:`..core.oversize`); its content and
-  buffers are received without a copy, so it costs what libzmq holds, once, until it is
-  cut. (``ZMQ_MAXMSGSIZE`` would refuse it in libzmq, but by dropping the whole
-  connection: what the kernel sent next would be lost too, in a gap of unknown size.)
+  arrives while the backlog is full of bytes is not kept: one gap record says how many
+  messages it was (``iopub_backlog_full``), in its place in the order. Full by count
+  (``receive_hwm`` messages), the source stops reading, as it did without a backlog. A
+  single message over ``max_message_bytes`` is recorded cut (see :mod:`..core.oversize`);
+  its content and buffers are received without a copy, so it costs what libzmq holds,
+  once, until it is cut. (``ZMQ_MAXMSGSIZE`` would refuse it in libzmq, but by dropping
+  the whole connection: what the kernel sent next would be lost too, in a gap of unknown
+  size.)
 * **The stdin handshake.** The kernel's stdin ROUTER silently drops an ``input_request``
   for an identity whose connection it does not know yet, so a request that may ask for
   input waits for :attr:`ZmqChannels.ready`: the stdin socket's monitor reports
@@ -514,10 +516,13 @@ class ZmqIOPubSource:
         if socket is None or socket.closed:
             return False
         budget = self.settings.backlog_bytes
+        # Full by count: the socket's own queue takes the rest, then the kernel's (a kernel
+        # of the gateway's launcher holds what it cannot send), as without a backlog.
+        most_queued = self.settings.receive_hwm
         backlog = self._backlog
         pulled = 0
         while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
-            if pulled >= most:
+            if pulled >= most or (most_queued and len(backlog) >= most_queued):
                 return True
             frames = _receive(socket)
             pulled += 1
@@ -539,11 +544,7 @@ class ZmqIOPubSource:
                     backlog[-1] = last + 1
                 else:
                     backlog.append(1)
-                    self.log.warning(
-                        "Kernel %s: IOPub backlog over %d bytes; dropping until it drains",
-                        self.kernel_id,
-                        budget,
-                    )
+                    self._refused(f"more than the IOPub backlog's {budget} bytes (dropped)")
                 continue
             backlog.append((entry, cost))
             self._backlog_bytes += cost
@@ -606,7 +607,11 @@ class ZmqIOPubSource:
     def drain(self) -> None:
         # Bounded: a kernel that floods on (a firehose at a stop) would otherwise keep the
         # loop reading for ever, and a stop would never end.
-        self._read(DRAIN_MAX_MESSAGES, DRAIN_MAX_BYTES)
+        # In turns of one batch: the backlog takes at most receive_hwm messages at a time.
+        batch = max(1, self.settings.batch)
+        for _ in range(max(1, DRAIN_MAX_MESSAGES // batch)):
+            if not self._read(batch, DRAIN_MAX_BYTES):
+                break
 
     async def _ping(self, heartbeat: HeartbeatSettings) -> None:
         """Ping the kernel's heartbeat port; tell the sink when it stops and starts echoing."""
