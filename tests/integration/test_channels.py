@@ -18,6 +18,7 @@ from tornado.websocket import WebSocketClosedError
 from kernel_gateway_stream.handlers.channels import StreamChannelsConnection
 
 from ..timing import seconds
+from .waits import wait_until
 from .wsclient import Received
 
 FLOOD = 20000
@@ -183,12 +184,16 @@ async def test_slow_client_is_disconnected_with_its_resume_point(
     # Once the gateway has cut the stalled client off, it reads: what it was sent, then
     # the close with its reason. (Not later: a client that does not answer a close within
     # tornado's 5 s is aborted, and would never see the reason.)
-    connection = StreamChannelsConnection._open_sessions[f"{kernel_id}:{stalled.session_id}"]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds(300)
-    while connection.subscriber is None or not connection.subscriber._closed:
-        assert loop.time() < deadline, "the stalled client was never cut off"
-        await asyncio.sleep(0.05)
+    # The server registers the session after the WebSocket opens: under load, not yet.
+    sessions = StreamChannelsConnection._open_sessions
+    key = f"{kernel_id}:{stalled.session_id}"
+    await wait_until(lambda: key in sessions, "the stalled client's session", 60)
+    connection = sessions[key]
+    await wait_until(
+        lambda: connection.subscriber is not None and connection.subscriber._closed,
+        "the stalled client to be cut off",
+        300,
+    )
     got = await stalled.drain_until_closed()
     received = await running
     assert received.text() == expected
