@@ -1,6 +1,6 @@
 """The channels WebSocket against a real server and real ipykernel kernels.
 
-Each test names the DESIGN.md invariant it states.
+Each test names the invariant it states (the README, "How it works").
 """
 
 from __future__ import annotations
