@@ -9,11 +9,15 @@ replies to its own requests; a number it never receives is a message lost on the
 message sent to another client of the upstream. The rules, in order:
 
 1. **Reordering.** ipykernel numbers messages in two threads (stream output in its IOPub
-   thread, the rest in the main or control thread), and the upstream merges shell,
-   control, stdin and IOPub from different sockets onto the WebSocket, so numbers arrive
-   out of order. A missing number (a *hole*) is noticed when a higher one arrives and
-   only judged once it has been missing for ``window`` seconds and ``settle`` more
-   messages have arrived since, or for ``quiet_window`` seconds whatever came after.
+   thread, the rest in the main or control thread), so IOPub numbers arrive a little out
+   of order; and the upstream merges shell, control and stdin onto the WebSocket from
+   other sockets than IOPub's, so an ``execute_reply`` overtakes thousands of IOPub
+   messages still queued in the kernel when it floods. So only an IOPub number reveals a
+   missing number (a *hole*) below it; numbers on the other channels only fill holes, or
+   wait above the highest IOPub number (at most ``max_ahead`` of them) to be left out of
+   the holes revealed later. A hole is judged once it has been missing for ``window``
+   seconds and ``settle`` more messages have arrived since, or for ``quiet_window``
+   seconds whatever came after.
 2. **Other clients.** A request the gateway did not send (another client of the upstream,
    or the upstream server's own ``kernel_info_request``) shows on IOPub as ``busy`` and
    ``idle`` statuses with that request as parent; its reply is numbered between the two
@@ -55,12 +59,16 @@ def parse_counter(msg_id: str) -> tuple[str, int] | None:
 @dataclass(frozen=True, slots=True)
 class Lost:
     """Numbers the kernel gave out that never arrived: ``count`` messages (an upper bound
-    if ``bound``), numbered ``first`` to ``last`` at most."""
+    if ``bound``), numbered ``first`` to ``last`` at most, in ``ranges`` (inclusive)."""
 
     count: int
     bound: bool
     first: int
     last: int
+    ranges: tuple[tuple[int, int], ...] = ()
+
+    def covers(self, number: int) -> bool:
+        return any(first <= number <= last for first, last in self.ranges)
 
 
 @dataclass(slots=True)
@@ -92,6 +100,8 @@ class _Session:
     high: int
     holes: list[_Hole] = field(default_factory=list)
     spans: OrderedDict[str, _Span] = field(default_factory=OrderedDict)
+    #: Numbers above ``high`` received on shell, control or stdin.
+    ahead: set[int] = field(default_factory=set)
 
 
 class CounterWatch:
@@ -108,6 +118,7 @@ class CounterWatch:
         max_holes: int = 1000,
         max_spans: int = 1000,
         max_sent: int = 10_000,
+        max_ahead: int = 10_000,
     ) -> None:
         self.window = window
         self.settle = settle
@@ -115,6 +126,7 @@ class CounterWatch:
         self.max_holes = max_holes
         self.max_spans = max_spans
         self.max_sent = max_sent
+        self.max_ahead = max_ahead
         self.received = 0
         self._session: _Session | None = None
         self._sent: OrderedDict[str, None] = OrderedDict()
@@ -139,8 +151,10 @@ class CounterWatch:
         parent_msg_id: str | None = None,
         parent_msg_type: str | None = None,
         execution_state: str | None = None,
+        iopub: bool = True,
     ) -> None:
-        """A message the kernel sent, received by the gateway on any channel."""
+        """A message the kernel sent, received by the gateway on IOPub (``iopub``) or on
+        shell, control or stdin."""
         counted = parse_counter(msg_id)
         if counted is None:
             return
@@ -150,16 +164,30 @@ class CounterWatch:
         if session is None or session.key != key:
             # The first message of this session the gateway sees, or a restart's new one.
             session = self._session = _Session(key, number)
-        elif number > session.high:
-            if number > session.high + 1:
-                session.holes.append(_Hole(session.high + 1, number - 1, now, self.received))
-                if len(session.holes) > self.max_holes:
-                    self._force(session, session.holes.pop(0))
-            session.high = number
-        else:
+        elif number <= session.high:
             self._fill(session, number)
+        elif not iopub:
+            if len(session.ahead) < self.max_ahead:
+                session.ahead.add(number)
+        else:
+            self._reveal(session, number, now)
+            session.high = number
         if execution_state in ("busy", "idle") and parent_msg_id:
             self._span(session, number, parent_msg_id, parent_msg_type, execution_state)
+
+    def _reveal(self, session: _Session, number: int, now: float) -> None:
+        """IOPub ``number`` came: the numbers between the highest before it and it are
+        holes, but for those that came ahead on the other channels."""
+        start = session.high + 1
+        ahead = sorted(n for n in session.ahead if n < number)
+        session.ahead.difference_update(ahead)
+        session.ahead.discard(number)
+        for seen in [*ahead, number]:
+            if seen > start:
+                session.holes.append(_Hole(start, seen - 1, now, self.received))
+            start = seen + 1
+        while len(session.holes) > self.max_holes:
+            self._force(session, session.holes.pop(0))
 
     def _fill(self, session: _Session, number: int) -> None:
         """A late number: take it out of its hole (splitting the hole)."""
@@ -196,6 +224,15 @@ class CounterWatch:
         explained, bound = self._explain(session, hole)
         if hole.size - explained > 0:
             self._forced.append((hole.size - explained, bound, hole.first, hole.last))
+
+    def _judged(self, judged: list[tuple[int, bool, int, int]]) -> Lost:
+        return Lost(
+            sum(count for count, _, _, _ in judged),
+            any(bound for _, bound, _, _ in judged),
+            min(first for _, _, first, _ in judged),
+            max(last for _, _, _, last in judged),
+            tuple((first, last) for _, _, first, last in judged),
+        )
 
     def _explain(self, session: _Session, hole: _Hole) -> tuple[int, bool]:
         """How many of ``hole``'s numbers other clients' requests explain (rule 2), and
@@ -234,12 +271,7 @@ class CounterWatch:
             self._prune(session)
         if not judged:
             return None
-        return Lost(
-            sum(count for count, _, _, _ in judged),
-            any(bound for _, bound, _, _ in judged),
-            min(first for _, _, first, _ in judged),
-            max(last for _, _, _, last in judged),
-        )
+        return self._judged(judged)
 
     def _prune(self, session: _Session) -> None:
         """Spans wholly below every hole and every future number explain nothing more."""

@@ -49,7 +49,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 from ..core.errors import MalformedMessage, RemoteError
 from ..core.marks import GAP_MSG_TYPE
 from ..core.messages import KernelMessage, Signer, dumps_json, load_json_object
-from ..core.upstream_counters import CounterWatch, parse_counter
+from ..core.upstream_counters import CounterWatch, Lost, parse_counter
 from ..core.wire import SEQ_METADATA_KEY, decode_legacy_binary, decode_v1, encode_v1
 from .base import IOPubSink, ReplyCallback
 from .upstream_channels import UpstreamChannels, UpstreamHub
@@ -284,7 +284,7 @@ class UpstreamIOPubSource:
             self.counters.sent(msg_id)
 
     def _saw_reply(self, channel: str, message: KernelMessage) -> None:
-        self._saw(message)
+        self._saw(message, iopub=False)
         parent = message.parent_msg_id
         if message.msg_type == "execute_reply" and parent and self.counters is not None:
             counted = parse_counter(message.msg_id)
@@ -308,7 +308,7 @@ class UpstreamIOPubSource:
         if parent in self._awaiting_idle and connection is not None and not self._stopped:
             self._nudge(connection)
 
-    def _saw(self, message: KernelMessage) -> None:
+    def _saw(self, message: KernelMessage, *, iopub: bool = True) -> None:
         """Count ``message`` against the kernel's counter; record what is found lost."""
         counters = self.counters
         if counters is None:
@@ -320,6 +320,7 @@ class UpstreamIOPubSource:
             parent_msg_id=message.parent_msg_id,
             parent_msg_type=message.parent_msg_type,
             execution_state=message.execution_state,
+            iopub=iopub,
         )
         if counters.pending or counters.next_deadline() is not None:
             self._judge(now)
@@ -340,7 +341,7 @@ class UpstreamIOPubSource:
                 lost.last,
             )
             self.sink.record_gap("upstream_lost", lost.count)
-            self._end_executions_after(lost.last)
+            self._end_executions_after(lost)
         deadline = counters.next_deadline()
         if self._poll_timer is not None:
             self._poll_timer.cancel()
@@ -350,13 +351,15 @@ class UpstreamIOPubSource:
                 max(0.0, deadline - now) + 0.01, self._on_poll_timer
             )
 
-    def _end_executions_after(self, last_lost: int) -> None:
+    def _end_executions_after(self, lost: Lost) -> None:
         """Executions whose execute_reply came and whose ``idle`` is among the numbers
-        just found lost end: the gateway records the ``idle`` the kernel published and the
-        upstream lost, marked as the gateway's (``metadata.kernel_gateway_stream_synthesized``),
-        after the gap record (so the execution's summary lists the gap)."""
+        just found lost (ipykernel numbers it right after the reply, or one or two later
+        when its IOPub thread numbers output meanwhile) end: the gateway records the
+        ``idle`` the kernel published and the upstream lost, marked as the gateway's
+        (``metadata.kernel_gateway_stream_synthesized``), after the gap record (so the
+        execution's summary lists the gap)."""
         for parent, (reply_number, request_header, session) in list(self._awaiting_idle.items()):
-            if reply_number >= last_lost:
+            if not any(lost.covers(reply_number + step) for step in (1, 2, 3)):
                 continue
             del self._awaiting_idle[parent]
             header = {

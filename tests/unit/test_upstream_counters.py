@@ -39,7 +39,7 @@ def test_a_number_missing_past_the_window_and_settle_is_lost() -> None:
     assert counters.poll(2.0) is None  # past it, but too few messages since
     counters.saw(mid(6), 2.0)
     counters.saw(mid(7), 2.0)
-    assert counters.poll(2.0) == Lost(4, False, 1, 4)
+    assert counters.poll(2.0) == Lost(4, False, 1, 4, ((1, 4),))
     assert counters.pending == 0
 
 
@@ -49,7 +49,7 @@ def test_a_quiet_kernel_is_judged_after_the_quiet_window() -> None:
     counters.saw(mid(3), 0.0)
     assert counters.next_deadline() == 5.0
     assert counters.poll(4.9) is None
-    assert counters.poll(5.0) == Lost(2, False, 1, 2)
+    assert counters.poll(5.0) == Lost(2, False, 1, 2, ((1, 2),))
     assert counters.next_deadline() is None
 
 
@@ -59,7 +59,7 @@ def test_a_late_number_splits_its_hole() -> None:
     counters.saw(mid(10), 0.0)
     counters.saw(mid(5), 0.2)
     assert counters.pending == 8
-    assert counters.poll(6.0) == Lost(8, False, 1, 9)
+    assert counters.poll(6.0) == Lost(8, False, 1, 9, ((1, 4), (6, 9)))
 
 
 def test_another_clients_request_explains_one_number_between_its_busy_and_idle() -> None:
@@ -76,7 +76,7 @@ def test_another_clients_request_explains_one_number_between_its_busy_and_idle()
                  execution_state="busy")  # fmt: skip
     counters.saw(mid(7), 6.0, parent_msg_id="again", parent_msg_type="complete_request",
                  execution_state="idle")  # fmt: skip
-    assert counters.poll(12.0) == Lost(1, False, 5, 6)
+    assert counters.poll(12.0) == Lost(1, False, 5, 6, ((5, 6),))
 
 
 def test_the_gateways_own_requests_explain_nothing() -> None:
@@ -84,7 +84,7 @@ def test_the_gateways_own_requests_explain_nothing() -> None:
     counters.sent("ours")
     counters.saw(mid(0), 0.0, parent_msg_id="ours", execution_state="busy")
     counters.saw(mid(2), 0.0, parent_msg_id="ours", execution_state="idle")
-    assert counters.poll(6.0) == Lost(1, False, 1, 1)
+    assert counters.poll(6.0) == Lost(1, False, 1, 1, ((1, 1),))
 
 
 def test_holes_in_another_clients_execution_are_an_upper_bound() -> None:
@@ -92,7 +92,21 @@ def test_holes_in_another_clients_execution_are_an_upper_bound() -> None:
     counters.saw(mid(0), 0.0, parent_msg_id="run", parent_msg_type="execute_request",
                  execution_state="busy")  # fmt: skip
     counters.saw(mid(5), 0.0)  # still running: its idle has not come
-    assert counters.poll(6.0) == Lost(3, True, 1, 4)
+    assert counters.poll(6.0) == Lost(3, True, 1, 4, ((1, 4),))
+
+
+def test_replies_overtaking_iopub_reveal_no_hole_and_are_no_hole() -> None:
+    counters = watch()
+    counters.saw(mid(0), 0.0)
+    counters.saw(mid(4000), 0.0, iopub=False)  # an execute_reply ahead of queued output
+    counters.saw(mid(1), 3.0)
+    counters.saw(mid(2), 3.0)
+    assert counters.poll(20.0) is None
+    for n in range(3, 4000):
+        counters.saw(mid(n), 21.0)
+    counters.saw(mid(4001), 21.0)  # its idle: 4000 came already
+    counters.saw(mid(4003), 21.0)  # 4002, on shell or IOPub, never comes
+    assert counters.poll(40.0) == Lost(1, False, 4002, 4002, ((4002, 4002),))
 
 
 def test_a_new_session_a_reset_and_a_late_start_lose_nothing() -> None:
@@ -112,5 +126,5 @@ def test_holes_past_the_bound_are_judged_at_once() -> None:
     for n in (0, 2, 4, 6):
         counters.saw(mid(n), 0.0)
     assert counters.next_deadline() == 0.0
-    assert counters.poll(0.0) == Lost(1, False, 1, 1)
+    assert counters.poll(0.0) == Lost(1, False, 1, 1, ((1, 1),))
     assert counters.pending == 2
