@@ -546,7 +546,7 @@ class NetnsProvisioner(KernelProvisionerBase):
         if km.transport != "tcp":
             raise RuntimeError(f"NetnsProvisioner needs the tcp transport, not {km.transport}")
         ip_command = require_netns_support(self.ip_command)
-        setpriv_command = require_command(self.setpriv_command, "util-linux")
+        require_command(self.setpriv_command, "util-linux")
         nft_command = require_command(self.nft_command, "nftables")
         kwargs.pop("transport_encryption", None)  # tcp to the namespace, unencrypted
         extra_arguments = kwargs.pop("extra_arguments", [])
@@ -583,17 +583,51 @@ class NetnsProvisioner(KernelProvisionerBase):
                 kernel_ports,
                 ip_command,
                 nft_command,
+                self.outbound_allowed,
             )
+            if self.outbound_allowed:  # through the host, which must forward it on
+                await asyncio.to_thread(
+                    _ip,
+                    ip_command,
+                    *("-n", network.namespace, "route", "replace", "default"),
+                    *("via", network.host_address),
+                )
+            await self.prepare_confinement(network)
         except BaseException:
             if created:
                 await self._delete_network()
             raise
+        command = self.confined_command(network, argv, km.connection_file, ip_command)
+        kwargs["env"] = self.confined_environment(kwargs.get("env", os.environ), user)
+        kwargs["cwd"] = user.home
+        return await super().pre_launch(cmd=command, **kwargs)
+
+    @property
+    def outbound_allowed(self) -> bool:
+        """Whether the namespace's firewall lets the kernel's own connections out (never,
+        for netns kernels; a trait of the sandbox's)."""
+        return False
+
+    async def prepare_confinement(self, network: KernelNetwork) -> None:
+        """What a subclass makes for the kernel besides its network, user and directory;
+        called by :meth:`pre_launch` at every start, after the firewall is loaded. On
+        failure, a network made by this start is deleted (with the kernel's directory)."""
+
+    def confined_command(
+        self, network: KernelNetwork, argv: list[str], connection_file: str, ip_command: str
+    ) -> list[str]:
+        """The command that runs the kernelspec's ``argv`` in ``network``, as its user:
+        ``ip netns exec`` and :mod:`.netns_enter`. ``connection_file`` (the gateway's)
+        becomes the kernel's own copy in ``argv``. Called by :meth:`pre_launch`."""
+        user = network.user
+        assert user is not None
         # The kernel reads its own copy (the gateway's runtime directory is closed to it).
-        argv = [argument.replace(km.connection_file, user.connection_file) for argument in argv]
+        argv = [argument.replace(connection_file, user.connection_file) for argument in argv]
         exposed = [
             option for directory in self.exposed_directories for option in ("--expose", directory)
         ]
-        command = [
+        setpriv_command = require_command(self.setpriv_command, "util-linux")
+        return [
             *(ip_command, "netns", "exec", network.namespace),
             *(sys.executable, "-I", "-S", _ENTER_SCRIPT),
             *("--uid", str(user.uid), "--gid", str(user.gid), "--setpriv", setpriv_command),
@@ -601,9 +635,12 @@ class NetnsProvisioner(KernelProvisionerBase):
             "--",
             *argv,
         ]
-        kwargs["env"] = kernel_environment(kwargs.get("env", os.environ), user)
-        kwargs["cwd"] = user.home
-        return await super().pre_launch(cmd=command, **kwargs)
+
+    def confined_environment(
+        self, environment: Mapping[str, str], user: KernelUser
+    ) -> dict[str, str]:
+        """The kernel's environment (:func:`.netns_confinement.kernel_environment`)."""
+        return kernel_environment(environment, user)
 
     def _with_user(self, network: KernelNetwork) -> KernelNetwork:
         """``network`` with the kernel's user, chosen now if it has none (a new network;
@@ -717,11 +754,14 @@ class NetnsProvisioner(KernelProvisionerBase):
 
 
 def netns_kernelspec(
-    display_name: str = DEFAULT_DISPLAY_NAME, config: Mapping[str, Any] | None = None
+    display_name: str = DEFAULT_DISPLAY_NAME,
+    config: Mapping[str, Any] | None = None,
+    provisioner_name: str = PROVISIONER_NAME,
 ) -> dict[str, Any]:
     """The ``kernel.json`` of a Python kernel (this interpreter, lossless IOPub) in a
     network namespace of its own; ``config`` configures the provisioner
-    (``{"subnet_pool": "10.99.0.0/16"}``)."""
+    (``{"subnet_pool": "10.99.0.0/16"}``), ``provisioner_name`` names it (the sandbox's
+    is a netns provisioner too)."""
     return {
         "argv": [
             sys.executable,
@@ -735,7 +775,7 @@ def netns_kernelspec(
         "interrupt_mode": "signal",
         "metadata": {
             "kernel_provisioner": {
-                "provisioner_name": PROVISIONER_NAME,
+                "provisioner_name": provisioner_name,
                 "config": dict(config or {}),
             }
         },
@@ -750,6 +790,7 @@ def install_netns_kernelspec(
     prefix: bool = False,
     user: bool = False,
     config: Mapping[str, Any] | None = None,
+    provisioner_name: str = PROVISIONER_NAME,
 ) -> Path:
     """Install the kernelspec ``name`` (:func:`netns_kernelspec`); the directory written.
 
@@ -767,7 +808,7 @@ def install_netns_kernelspec(
         raise ValueError("prefix=True needs a prefix")
     if user and prefix_or_dir is not None:
         raise ValueError("user=True installs into the user's data directory: no path")
-    spec = netns_kernelspec(display_name, config)
+    spec = netns_kernelspec(display_name, config, provisioner_name)
     if prefix_or_dir is not None and not prefix:
         target = Path(prefix_or_dir) / name
         target.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -43,9 +44,11 @@ __all__ = [
     "kernel_environment",
     "kernel_user",
     "kill_user_processes",
+    "mounts_under",
     "prepare_kernel_directory",
     "remove_kernel_directory",
     "require_command",
+    "unmount_under",
 ]
 
 #: The first of the kernels' users and groups: 0x70000000, above the ranges that systemd
@@ -127,16 +130,19 @@ def kernel_user(
     return KernelUser(uid, gid, os.path.join(runtime_directory, namespace))
 
 
-def firewall_ruleset(interface: str, ports: Iterable[int]) -> str:
+def firewall_ruleset(interface: str, ports: Iterable[int], allow_outbound: bool = False) -> str:
     """The nftables script for a kernel's namespace whose kernel listens on ``ports``.
 
     Input: loopback, replies, and new TCP connections to ``ports`` through ``interface``
     (the namespace's end of the veth pair).
     Output: loopback and replies only, so a connection the kernel opens is dropped (its
-    ``connect`` fails at once with EPERM). The ``inet`` family covers IPv6 too (the veth
-    pair has link-local addresses). Loading it replaces the table whole, atomically.
+    ``connect`` fails at once with EPERM); with ``allow_outbound``, everything (the
+    kernel's own connections, and the input chain's replies to them). The ``inet`` family
+    covers IPv6 too (the veth pair has link-local addresses). Loading it replaces the table
+    whole, atomically.
     """
     listed = ", ".join(str(port) for port in sorted(set(ports)))
+    output_policy = "accept" if allow_outbound else "drop"
     return (
         f"table inet {FIREWALL_TABLE} {{}}\n"
         f"delete table inet {FIREWALL_TABLE}\n"
@@ -148,7 +154,7 @@ def firewall_ruleset(interface: str, ports: Iterable[int]) -> str:
         f'    iifname "{interface}" tcp dport {{ {listed} }} ct state new accept\n'
         "  }\n"
         "  chain output {\n"
-        "    type filter hook output priority filter; policy drop;\n"
+        f"    type filter hook output priority filter; policy {output_policy};\n"
         '    oif "lo" accept\n'
         "    ct state established,related accept\n"
         "  }\n"
@@ -180,6 +186,7 @@ def apply_firewall(
     ports: Iterable[int],
     ip_command: str = "ip",
     nft_command: str = "nft",
+    allow_outbound: bool = False,
 ) -> None:
     """Load :func:`firewall_ruleset` into network namespace ``namespace`` (replacing what
     was there).
@@ -189,7 +196,7 @@ def apply_firewall(
     """
     done = subprocess.run(
         [ip_command, "netns", "exec", namespace, nft_command, "-f", "-"],
-        input=firewall_ruleset(interface, ports),
+        input=firewall_ruleset(interface, ports, allow_outbound),
         capture_output=True,
         text=True,
         timeout=_COMMAND_TIMEOUT,
@@ -254,8 +261,43 @@ def prepare_kernel_directory(
     os.replace(staged, user.connection_file)
 
 
+def mounts_under(directory: str) -> list[str]:
+    """The mount points of this mount namespace at or below ``directory``, deepest first
+    (``/proc/self/mountinfo``; its octal escapes of spaces and the like decoded)."""
+    prefix = os.path.normpath(directory)
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
+        for line in table:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            if point == prefix or point.startswith(prefix + os.sep):
+                found.append(point)
+    return sorted(set(found), key=len, reverse=True)
+
+
+def unmount_under(directory: str) -> None:
+    """Detach every mount at or below ``directory`` (a sandbox kernel's storage).
+
+    Raises:
+        RuntimeError: ``umount`` failed on a mount that is still there.
+    """
+    for point in mounts_under(directory):
+        done = subprocess.run(
+            [require_command("umount", "mount"), "--lazy", point],
+            capture_output=True,
+            text=True,
+            timeout=_COMMAND_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        if done.returncode != 0 and point in mounts_under(point):
+            reason = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
+            raise RuntimeError(f"umount {point}: {reason}")
+
+
 def remove_kernel_directory(user: KernelUser) -> None:
-    """Delete ``user``'s directory, home included; what is gone already is skipped."""
+    """Delete ``user``'s directory, home included, after detaching what is mounted there
+    (a sandbox kernel's storage); what is gone already is skipped."""
+    if os.path.isdir(user.directory):
+        unmount_under(user.directory)
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(user.directory)
 
