@@ -43,6 +43,7 @@ from ..core.messages import Record
 from ..core.records import NO_PARENT, ParentHeader, decode_chunk, encode_record
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
 from .lock import hold_store_lock
+from .numbered import NumberedMarks
 from .pending import PendingBuffer
 from .query import Query
 from .sqlite_schema import (
@@ -177,6 +178,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         prepare_directory(path, private=default_directory == _DEFAULT_DIRECTORY)
         hold_store_lock(path)  # one writer per store, for this process's life
         create_private_file(path)
+        self._numbered = NumberedMarks(path + "-numbered")
         self.pending = PendingBuffer(self.max_pending_bytes, _make_gap)
         self._keys: dict[str, int] = {}
         self._cursors: dict[tuple[str, str], int] = {}
@@ -239,6 +241,7 @@ class SQLiteTranscriptStore(TranscriptStore):
             "SELECT key, kernel_id, head, reserved FROM kernels WHERE reserved > head"
         ).fetchall()
         gaps = []
+        numbered = self._numbered.found
         for key, kernel_id, head, reserved in rows:
             gap = gap_record(
                 kernel_id, head + 1, reserved, "gateway_stopped", now=now, date=iso_date(now)
@@ -259,10 +262,16 @@ class SQLiteTranscriptStore(TranscriptStore):
             )
             connection.execute("COMMIT")
             gaps.append((kernel_id, head + 1, reserved))
+            last = numbered.get(kernel_id)
+            missing = (
+                f"{last - head}" if last is not None and head <= last else "an unknown number of"
+            )
             self.log.warning(
-                "Transcript of kernel %s: seqs %d-%d were given out but not kept when the "
-                "gateway stopped; recorded as a gap",
+                "Transcript of kernel %s: %s records were given out but not kept when the "
+                "gateway stopped; one gap record covers them and the rest of the "
+                "reservation (seqs %d-%d)",
                 kernel_id,
+                missing,
                 head + 1,
                 reserved,
             )
@@ -289,6 +298,7 @@ class SQLiteTranscriptStore(TranscriptStore):
     # -- writes (event loop) ---------------------------------------------------------
 
     def append(self, record: Record) -> None:
+        self._numbered.note(record.kernel_id, record.seq)
         self.pending.push(record)
         self.writer.wake()
 
@@ -302,6 +312,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         )
 
     def kernel_ended(self, kernel_id: str, now: float) -> None:
+        self._numbered.forget(kernel_id)
         self.writer.add_control(
             Control("UPDATE kernels SET ended = ? WHERE kernel_id = ?", (now, kernel_id))
         )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
+import sqlite3
 import subprocess
 
 import pytest
@@ -11,6 +14,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from ..timing import seconds
 from .daemon import Daemon
+from .waits import wait_until
 
 
 async def test_daemon_serves_kernels_not_files_and_needs_its_token(daemon: Daemon) -> None:
@@ -76,6 +80,19 @@ async def test_sigkilled_daemon_restarts_with_transcripts_and_numbering(daemon: 
         "last_seq": head,
         "reason": "gateway_stopped",
     }
+    # The log says how many records were lost, not the reservation's size: none here
+    # (everything was durable when the daemon was killed).
+    logged = re.search(
+        rf"Transcript of kernel {kernel_id}: (\d+) records were given out but not kept "
+        r".*\(seqs (\d+)-(\d+)\)",
+        daemon.log_text(),
+    )
+    assert logged is not None, daemon.log_text()[-3000:]
+    assert [int(value) for value in logged.groups()] == [
+        0,
+        records[-1]["content"]["first_seq"],
+        head,
+    ]
     # A kernel started under the same id numbers on above the gap.
     await daemon.fetch("/api/kernels", method="POST", body=json.dumps({"kernel_id": kernel_id}))
     ws = await daemon.channels(kernel_id)
@@ -86,3 +103,43 @@ async def test_sigkilled_daemon_restarts_with_transcripts_and_numbering(daemon: 
     page = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?since={head}")
     assert page["records"][0]["seq"] == head + 1
     ws.close()
+
+
+async def test_a_sigkill_logs_how_many_records_it_lost(daemon: Daemon) -> None:
+    """Records numbered (and sent to clients) but not yet committed when the daemon is
+    SIGKILLed are lost: the next start logs how many, not the reservation's range (which
+    runs ``reserve_ahead`` past them). The writer is made to linger so they wait."""
+    daemon.start(f"--SQLiteTranscriptStore.batch_linger={seconds(5)}")
+    await daemon.wait_ready()
+    kernel_id = await daemon.start_kernel()
+
+    def durable() -> tuple[int, int]:
+        with contextlib.closing(sqlite3.connect(daemon.transcript_path)) as database:
+            row = database.execute(
+                "SELECT head, reserved FROM kernels WHERE kernel_id = ?", (kernel_id,)
+            ).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    # The kernel's start is committed (a batch lingers, then commits with a reservation).
+    await wait_until(lambda: durable()[1] > durable()[0] > 0, "a first commit", 60)
+    ws = await daemon.channels(kernel_id)
+    try:
+        received = await ws.until_idle(ws.execute("print('lost with the daemon')"))
+    finally:
+        ws.close()
+    head, reserved = durable()  # the print's records linger, not committed
+    last_sent = received.seq_ranges()[-1][1]
+    assert last_sent > head
+    daemon.kill_hard()
+    daemon.start()
+    await daemon.wait_ready()
+    logged = re.search(
+        rf"Transcript of kernel {kernel_id}: (\d+) records were given out but not kept "
+        r".*\(seqs (\d+)-(\d+)\)",
+        daemon.log_text(),
+    )
+    assert logged is not None, daemon.log_text()[-3000:]
+    missing, first, last = (int(value) for value in logged.groups())
+    assert (first, last) == (head + 1, reserved)
+    # Those the client was sent, and at most a status or two numbered after them.
+    assert last_sent - head <= missing <= last_sent - head + 2
