@@ -189,7 +189,7 @@ def missing_for_sandbox(bwrap_command: str = "bwrap") -> list[str]:
     try:
         namespaces(_require_root_and_ip())
     except RuntimeError as error:
-        return [str(error)]
+        missing.append(str(error))
     for command, package in (
         (bwrap_command, "bubblewrap"),
         ("setpriv", "util-linux"),
