@@ -66,6 +66,7 @@ from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
 from .kernels import StreamKernelManager, StreamMappingKernelManager
 from .kernels.attaching import KernelAttacher
+from .kernels.upstream_manager import UpstreamMappingKernelManager
 from .kernels.zmq_kernel import KernelSockets
 from .logs import LogSetup
 from .memory import HeapTrimmer
@@ -153,13 +154,14 @@ class StreamServerApp(ServerApp):
 
     @default("kernel_manager_class")
     def _default_kernel_manager_class(self) -> Any:
-        # The default, not a setting: --ServerApp.kernel_manager_class still wins, and with
-        # GatewayClient enabled the kernels are remote and jupyter_server's default stands.
+        # The default, not a setting: --ServerApp.kernel_manager_class still wins; with
+        # GatewayClient enabled the kernels are remote (jupyter_server's gateway manager).
         # An extension cannot swap the kernel manager of a `jupyter server` it is loaded
         # into without overriding that server's own configuration, so only the daemon,
         # whose ServerApp this is, changes the default.
         if self.gateway_config.gateway_enabled:
-            return super()._default_kernel_manager_class()
+            # jupyter_server's gateway manager, with Enterprise Gateway's defaults handled.
+            return UpstreamMappingKernelManager
         return StreamMappingKernelManager
 
     @default("reraise_server_extension_failures")
