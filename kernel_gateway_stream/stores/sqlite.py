@@ -176,7 +176,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         path = self.path
         default_directory = os.path.basename(os.path.dirname(os.path.abspath(path)))
         prepare_directory(path, private=default_directory == _DEFAULT_DIRECTORY)
-        hold_store_lock(path)  # one writer per store, for this process's life
+        self._lock = hold_store_lock(path)  # one writer per store (stores/lock.py)
         create_private_file(path)
         self._numbered = NumberedMarks(path + "-numbered")
         self.pending = PendingBuffer(self.max_pending_bytes, _make_gap)
@@ -290,6 +290,7 @@ class SQLiteTranscriptStore(TranscriptStore):
                 self.pending.stats().records,
             )
         self._readers.shutdown(wait=False)
+        self._lock.release()
 
     def _reconnect_readers(self) -> None:
         """The database was reopened (restored): readers reconnect before their next read."""
