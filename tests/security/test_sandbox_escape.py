@@ -27,6 +27,7 @@ from kernel_gateway_stream.kernels.sandbox import install_sandbox_kernelspec
 from ..integration import test_netns, test_sandbox
 from ..integration.daemon import TOKEN, Daemon
 from ..timing import seconds
+from .test_netns_escape import host_address
 
 netns_host = test_netns.netns_host
 sweep = test_netns.sweep
@@ -45,7 +46,7 @@ WRITE_SYSTEM_ERRORS = ["OSError", "OSError", "PermissionError", "PermissionError
 #: What kernel code runs; it prints one JSON line. Every probe catches its own error and
 #: says its type: the kernel must live through all of them.
 PROBE = """
-import json, mmap, os, signal, time
+import json, mmap, os, signal, socket, time
 
 def attempt(action):
     try:
@@ -65,6 +66,10 @@ def write(path):
         file.write("written")
     os.unlink(path)
     return "written"
+
+def connect(host, port):
+    with socket.create_connection((host, port), timeout={timeout}):
+        return "connected"
 
 def signal_gateway():
     os.kill({gateway_pid}, 0)
@@ -121,6 +126,7 @@ print(json.dumps({{
     }},
     "processes": processes(),
     "signal_gateway": attempt(signal_gateway),
+    "gateway_port": attempt(lambda: connect({gateway_host!r}, {gateway_port})),
     "transcripts": attempt(lambda: read({transcripts!r})),
     "runtime": attempt(lambda: listing({runtime!r})),
     "daemon_data": attempt(lambda: listing({daemon_data!r})),
@@ -139,6 +145,8 @@ print(json.dumps({{
 async def probe(client: GatewayClient, kernel_id: str, daemon: Daemon, **targets: Any) -> Any:
     code = PROBE.format(
         gateway_pid=daemon.process.pid if daemon.process else 0,
+        gateway_port=daemon.port,
+        timeout=seconds(3),
         transcripts=str(daemon.transcript_path),
         runtime=str(daemon.home / "runtime"),
         daemon_data=str(daemon.home / "data"),
@@ -181,7 +189,7 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
     limited_daemon: Daemon,
 ) -> None:
     daemon = limited_daemon
-    daemon.start()
+    daemon.start("--ip=0.0.0.0")  # on every address: the host side of each veth pair too
     await daemon.wait_ready()
     assert daemon.process is not None
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(120)) as client:
@@ -193,6 +201,7 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
             attacker,
             daemon,
             other_home=victim_secret,
+            gateway_host=host_address(attacker),  # the host side of its veth pair
             system_files=["/usr/probe", "/etc/probe", "/probe", "/run/kernel/probe"],
             daemon_file=str(daemon.home / "probe"),
         )
@@ -205,6 +214,9 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
         assert "kernel_launcher" in found["processes"]["2"]
         assert not any("kernel-gateway-stream" in line for line in found["processes"].values())
         assert found["signal_gateway"] == "ProcessLookupError"
+        # Outbound traffic is off: not even the gateway's port on the host side (the
+        # namespace's firewall drops the SYN, which TCP sends again until the timeout).
+        assert found["gateway_port"] == "TimeoutError"
         # The gateway's files are not there at all.
         assert found["transcripts"] == "FileNotFoundError"
         assert found["runtime"] == "FileNotFoundError"
@@ -254,7 +266,7 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
     """The control: a plain kernel of the same daemon, against the same targets (a
     sandbox kernel's home on the host, the daemon's files)."""
     daemon = limited_daemon
-    daemon.start()
+    daemon.start("--ip=0.0.0.0")  # on every address: the host side of each veth pair too
     await daemon.wait_ready()
     assert daemon.process is not None
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(120)) as client:
@@ -266,6 +278,7 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
             plain,
             daemon,
             other_home=victim_secret,
+            gateway_host=host_address(victim),
             system_files=[],  # not the host's system: it would be written
             daemon_file=str(daemon.home / "probe"),
         )
@@ -273,6 +286,7 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
         assert found["capabilities"]["CapEff"] != 0
         assert str(daemon.process.pid) in found["processes"]
         assert found["signal_gateway"] == "signalled"
+        assert found["gateway_port"] == "connected"
         assert found["transcripts"] == "read"
         assert found["runtime"] == "listed"
         assert found["daemon_data"] == "listed"
@@ -289,6 +303,9 @@ def test_the_probe_code_is_valid_python() -> None:
     compile(
         PROBE.format(
             gateway_pid=1,
+            gateway_host="192.0.2.1",
+            gateway_port=1,
+            timeout=1,
             transcripts="/x",
             runtime="/x",
             daemon_data="/x",
