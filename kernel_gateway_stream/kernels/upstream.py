@@ -22,6 +22,12 @@ them there. This module gives such a kernel the two seams of :mod:`.base`:
   for good: the link's ``on_gone`` is told (the gateway records the kernel dead and
   forgets it). The grace is for an upstream that re-attaches its kernels just after it
   starts answering (a kernel_gateway_stream, Enterprise Gateway's session persistence).
+  What any other upstream relays is what its kernel published, so it passes the same
+  intake rule as a ZMQ kernel's output (:mod:`..core.intake`: no gateway records, no
+  ``dead`` status), and a seq in its metadata is the kernel's to write, not taken: an
+  upstream is a kernel_gateway_stream only if it answers ``GET /api/gateway/health``
+  (:meth:`UpstreamKernelLink.identify`). Messages an upstream's kernel numbered and that
+  never arrived are ``upstream_lost`` gap records (:mod:`..core.upstream_counters`).
 * :class:`~.upstream_channels.UpstreamChannels`: per client connection, its shell,
   control and stdin on that same WebSocket (:mod:`.upstream_channels`: replies and
   ``input_request`` are routed to the client that asked by the request's ``msg_id``). The
@@ -46,6 +52,7 @@ from urllib.parse import quote
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
+from ..core import intake
 from ..core.errors import MalformedMessage, RemoteError
 from ..core.marks import GAP_MSG_TYPE
 from ..core.messages import KernelMessage, Signer, dumps_json, load_json_object
@@ -174,6 +181,11 @@ class UpstreamKernelLink:
         self.signer = Signer(b"")
         #: The kernel's one WebSocket, shared by its IOPub source and every client.
         self.hub = UpstreamHub(log)
+        #: True if the upstream is a kernel_gateway_stream (its records' seq and its
+        #: marks are its own, written over whatever its kernel put in a message), False
+        #: if not (what comes through it is what the kernel published, checked by
+        #: ..core.intake), None until it answered (see :meth:`identify`).
+        self.chained: bool | None = None
 
     def request(self, session_id: str, since: int | None = None) -> HTTPRequest:
         """The upgrade request to the kernel's channels on the upstream."""
@@ -215,6 +227,27 @@ class UpstreamKernelLink:
         if response.code == 404:
             return False
         return True if response.code == 200 else None
+
+    async def identify(self) -> None:
+        """Whether the upstream is a kernel_gateway_stream (:attr:`chained`): it answers
+        ``GET /api/gateway/health`` with its components. Left None if it does not answer."""
+        client = self.gateway_client
+        base = (client.url or "").rstrip("/")
+        arguments = client.load_connection_args()
+        arguments["connect_timeout"] = self.settings.connect_timeout
+        arguments["request_timeout"] = self.settings.connect_timeout
+        request = HTTPRequest(f"{base}/api/gateway/health", **arguments)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except Exception:  # refused, timed out, TLS...: no answer, ask again later
+            return
+        if response.code == 599:
+            return
+        try:
+            answer = json.loads(response.body or b"null")
+        except ValueError:
+            answer = None
+        self.chained = isinstance(answer, dict) and isinstance(answer.get("components"), dict)
 
     def iopub(self, sink: IOPubSink) -> UpstreamIOPubSource:
         return UpstreamIOPubSource(self, sink)
@@ -269,6 +302,7 @@ class UpstreamIOPubSource:
         #: Messages the counters found lost (each batch one ``upstream_lost`` gap record).
         self.upstream_lost = 0
         self._poll_timer: asyncio.TimerHandle | None = None
+        self._refusals_logged = -60.0
         #: Executions of the gateway's clients whose execute_reply came and whose idle
         #: has not: parent msg_id -> (the reply's number, the request's raw header, the
         #: kernel's session).
@@ -395,6 +429,8 @@ class UpstreamIOPubSource:
         attempt = 0
         connected_before = False
         while not self._stopped:
+            if self.link.chained is None:
+                await self.link.identify()
             since = self.upstream_seq
             try:
                 connection = await self.link.connect(self._session_id, since)
@@ -495,20 +531,30 @@ class UpstreamIOPubSource:
                 if channel != "iopub":
                     self.link.hub.deliver(channel, KernelMessage.from_parts(parts, repair=True))
                     continue
-                metadata, seq = upstream_seq(parts[2])
-                if seq is not None:
-                    if self.upstream_seq is not None and seq <= self.upstream_seq:
-                        self.replays += 1  # already recorded (an overlap on resume)
-                        continue
-                    self.upstream_seq = seq
-                    parts[2] = metadata
-                    self.counters = None
+                if self.link.chained:
+                    metadata, seq = upstream_seq(parts[2])
+                    if seq is not None:
+                        if self.upstream_seq is not None and seq <= self.upstream_seq:
+                            self.replays += 1  # already recorded (an overlap on resume)
+                            continue
+                        self.upstream_seq = seq
+                        parts[2] = metadata
+                        self.counters = None
                 message = KernelMessage.from_parts(parts, repair=True)
-                if message.msg_type == GAP_MSG_TYPE:
-                    # The upstream's numbers are not ours: the gap is recorded afresh.
-                    reason = message.content().get("reason")
-                    self.sink.record_gap(f"upstream_{reason}"[:64], None)
-                    continue
+                if self.link.chained:
+                    if message.msg_type == GAP_MSG_TYPE:
+                        # The upstream's numbers are not ours: the gap is recorded afresh.
+                        reason = message.content().get("reason")
+                        self.sink.record_gap(f"upstream_{reason}"[:64], None)
+                        continue
+                else:
+                    # What the kernel publishes through a server that relays anything: the
+                    # gateway's own records are refused (see ..core.intake).
+                    verdict = intake.check(message)
+                    if isinstance(verdict, intake.Refuse):
+                        self.rejected += 1
+                        self._refused(verdict.reason)
+                        continue
             except RemoteError as error:
                 self.rejected += 1
                 self.log.warning(
@@ -520,6 +566,18 @@ class UpstreamIOPubSource:
             if message.execution_state == "idle" and message.parent_msg_id:
                 self._awaiting_idle.pop(message.parent_msg_id, None)
             self._saw(message)
+
+    def _refused(self, what: str) -> None:
+        """Log a refusal, at most once a minute (a kernel can send a great many)."""
+        now = time.monotonic()
+        if now - self._refusals_logged >= 60.0:
+            self._refusals_logged = now
+            self.log.warning(
+                "Upstream kernel %s sent %s; refused %d messages so far",
+                self.link.kernel_id,
+                what,
+                self.rejected,
+            )
 
     def reconnect(self) -> None:
         """After a restart: the upstream keeps the connection; nothing to do."""
