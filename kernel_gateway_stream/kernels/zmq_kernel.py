@@ -58,9 +58,9 @@ import zmq.asyncio
 from jupyter_client.session import Session
 from zmq.eventloop.zmqstream import ZMQStream
 
+from ..core import intake
 from ..core.errors import BadSignature, InvalidMessage, RemoteError
 from ..core.guards import DigestHistory
-from ..core.marks import LIFECYCLE_STATES, SPOOL_MSG_TYPE
 from ..core.messages import (
     DELIMITER,
     KernelMessage,
@@ -727,11 +727,9 @@ def _forges_a_mark(message: KernelMessage) -> bool:
     """True for what only the gateway writes into a transcript (its marks, a kernel's
     restart or death): code in the kernel has its key and could sign one, to end other
     executions, hide output in a notebook cell or forge a gap. The spool notice of the
-    gateway's own launcher is the exception (see :mod:`..kernel_launcher`)."""
-    msg_type = message.msg_type
-    if msg_type.startswith("kernel_gateway_stream"):
-        return msg_type != SPOOL_MSG_TYPE
-    return msg_type == "status" and message.execution_state in LIFECYCLE_STATES
+    gateway's own launcher is the exception (see :mod:`..kernel_launcher`). The rule is
+    :mod:`..core.intake`'s, the same for every kind of kernel."""
+    return isinstance(intake.check(message, allow_spool=True), intake.Refuse)
 
 
 def _now_iso() -> str:
