@@ -135,11 +135,11 @@ def firewall_ruleset(interface: str, ports: Iterable[int], allow_outbound: bool 
 
     Input: loopback, replies, and new TCP connections to ``ports`` through ``interface``
     (the namespace's end of the veth pair).
-    Output: loopback and replies only, so a connection the kernel opens is dropped (its
-    ``connect`` fails at once with EPERM); with ``allow_outbound``, everything (the
-    kernel's own connections, and the input chain's replies to them). The ``inet`` family
-    covers IPv6 too (the veth pair has link-local addresses). Loading it replaces the table
-    whole, atomically.
+    Output: loopback and replies only, so a connection the kernel opens is dropped (a
+    TCP ``connect`` sends its SYN again and again, and times out); with
+    ``allow_outbound``, everything (the kernel's own connections, and the input chain's
+    replies to them). The ``inet`` family covers IPv6 too (the veth pair has link-local
+    addresses). Loading it replaces the table whole, atomically.
     """
     listed = ", ".join(str(port) for port in sorted(set(ports)))
     output_policy = "accept" if allow_outbound else "drop"

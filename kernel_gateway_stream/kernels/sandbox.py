@@ -289,8 +289,8 @@ class SandboxProvisioner(NetnsProvisioner):
         False,
         config=True,
         help="Let the kernel open connections of its own. Off: the namespace's firewall "
-        "drops every packet the kernel sends except replies to the gateway (connect fails "
-        "at once). On: it accepts them and the namespace gets a default route through the "
+        "drops every packet the kernel sends except replies to the gateway (a TCP connect "
+        "times out). On: it accepts them and the namespace gets a default route through the "
         "host side of the veth pair; they go further only if the host forwards them "
         "(net.ipv4.ip_forward and a masquerade rule: the host's, not the gateway's, to set).",
     )

@@ -49,6 +49,9 @@ from .daemon import TOKEN, Daemon
 from .test_netns import ip, listed_namespaces, run, start
 from .waits import wait_until
 
+#: One worker runs these and tests/security/test_sandbox_escape.py, one after the other.
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 KERNEL_NAME = "python3-sandbox"
 
 netns_host = test_netns.netns_host
@@ -88,17 +91,33 @@ def sandbox_host(netns_host: None) -> None:
         pytest.skip(reason)
 
 
+class Watched:
+    """The kernels a test started, to check that they left nothing behind."""
+
+    def __init__(self) -> None:
+        self.directories: dict[str, int] = {}  # kernel directory -> its user's uid
+
+    def watch(self, kernel_id: str) -> None:
+        """Watch kernel ``kernel_id`` (started: its home exists)."""
+        directory = os.path.join(runtime_directory(), namespace_name(kernel_id))
+        self.directories[directory] = os.stat(os.path.join(directory, "home")).st_uid
+
+    def leftovers(self) -> tuple[list[str], dict[int, int]]:
+        """Mounts and processes (pid -> uid) of the watched kernels still there."""
+        mounts = [point for directory in self.directories for point in mounts_under(directory)]
+        uids = set(self.directories.values())
+        processes = {pid: uid for pid, uid in kernel_user_processes().items() if uid in uids}
+        return mounts, processes
+
+
 @pytest.fixture
-def nothing_left(sandbox_host: None, sweep: None) -> Iterator[None]:
-    """After the test: no storage mounted, no process of a kernel's user left (both
-    removed, and the test fails, if there are)."""
-    before = set(mounts_under(runtime_directory()))
-    processes_before = set(kernel_user_processes())
-    yield
-    mounts = set(mounts_under(runtime_directory())) - before
-    processes = {
-        pid: uid for pid, uid in kernel_user_processes().items() if pid not in processes_before
-    }
+def nothing_left(sandbox_host: None, sweep: None) -> Iterator[Watched]:
+    """After the test: no storage mounted and no process left of the kernels it watched
+    (removed, and the test fails, if there are). Other tests' kernels are left alone: the
+    suite runs in parallel."""
+    watched = Watched()
+    yield watched
+    mounts, processes = watched.leftovers()
     for point in sorted(mounts, key=len, reverse=True):
         subprocess.run(["umount", "--lazy", point], capture_output=True)
     for pid in processes:
@@ -109,7 +128,7 @@ def nothing_left(sandbox_host: None, sweep: None) -> Iterator[None]:
 
 
 @pytest.fixture
-def sandbox_daemon(nothing_left: None, daemon: Daemon) -> Daemon:
+def sandbox_daemon(nothing_left: Watched, daemon: Daemon) -> Daemon:
     """The daemon with the sandbox kernelspec installed (stopped before the checks)."""
     install_sandbox_kernelspec(daemon.home / "data" / "kernels", KERNEL_NAME)
     return daemon
@@ -117,7 +136,7 @@ def sandbox_daemon(nothing_left: None, daemon: Daemon) -> Daemon:
 
 @pytest.fixture
 def kernel_manager(
-    nothing_left: None, tmp_path: Path, jp_asyncio_loop: asyncio.AbstractEventLoop
+    nothing_left: Watched, tmp_path: Path, jp_asyncio_loop: asyncio.AbstractEventLoop
 ) -> Iterator[AsyncKernelManager]:
     """A jupyter_client kernel manager for the sandbox kernelspec (not started)."""
     kernels = tmp_path / "kernels"
@@ -206,9 +225,12 @@ def test_check_says_whether_the_host_can(sandbox_host: None, tmp_path: Path) -> 
 # -- with jupyter_client alone -----------------------------------------------------------
 
 
-async def test_interrupt_restart_and_shutdown(kernel_manager: AsyncKernelManager) -> None:
+async def test_interrupt_restart_and_shutdown(
+    kernel_manager: AsyncKernelManager, nothing_left: Watched
+) -> None:
     km = kernel_manager
     client = await start(km)
+    nothing_left.watch(str(km.kernel_id))
     try:
         name = namespace_name(str(km.kernel_id))
         user = km.provisioner.network.user  # type: ignore[union-attr]
@@ -257,12 +279,13 @@ async def test_interrupt_restart_and_shutdown(kernel_manager: AsyncKernelManager
 # -- through the daemon ------------------------------------------------------------------
 
 
-async def test_output_through_the_gateway(sandbox_daemon: Daemon) -> None:
+async def test_output_through_the_gateway(sandbox_daemon: Daemon, nothing_left: Watched) -> None:
     daemon = sandbox_daemon
     daemon.start()
     await daemon.wait_ready()
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
         kernel_id = await client.start_kernel(KERNEL_NAME)
+        nothing_left.watch(kernel_id)
         result = await asyncio.wait_for(
             client.execute(
                 kernel_id,
@@ -281,7 +304,9 @@ async def test_output_through_the_gateway(sandbox_daemon: Daemon) -> None:
     assert namespace_name(kernel_id) not in listed_namespaces()
 
 
-async def test_re_attached_after_a_gateway_crash(sandbox_daemon: Daemon) -> None:
+async def test_re_attached_after_a_gateway_crash(
+    sandbox_daemon: Daemon, nothing_left: Watched
+) -> None:
     """The gateway is SIGKILLed; its sandbox kernel runs on, is re-attached at the next
     start with its state and home, and shut down then it leaves nothing behind."""
     daemon = sandbox_daemon
@@ -289,6 +314,7 @@ async def test_re_attached_after_a_gateway_crash(sandbox_daemon: Daemon) -> None
     await daemon.wait_ready()
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
         kernel_id = await client.start_kernel(KERNEL_NAME)
+        nothing_left.watch(kernel_id)
         assert (await client.execute(kernel_id, "state = 'kept'\nopen('f', 'w').write('x')")).ok
     name = namespace_name(kernel_id)
     directories = [p for p in Path(runtime_directory()).glob(f"{name}*")]

@@ -16,12 +16,15 @@ except under ``CI=true``, where they fail.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kernel_gateway_stream.client import GatewayClient
+from kernel_gateway_stream.kernels.netns import namespace_name
 from kernel_gateway_stream.kernels.sandbox import install_sandbox_kernelspec
 
 from ..integration import test_netns, test_sandbox
@@ -34,6 +37,11 @@ sweep = test_netns.sweep
 sandbox_host = test_sandbox.sandbox_host
 nothing_left = test_sandbox.nothing_left
 
+#: One worker runs them all, one after the other, as the integration tests of sandbox
+#: kernels: each test then watches only its own kernels' users, and no other test's kernel
+#: can have taken one of those users meanwhile.
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 KERNEL_NAME = "python3-sandbox-limited"
 PROCESS_LIMIT = 64
 MEMORY_LIMIT = 2**30
@@ -41,12 +49,17 @@ FILE_SIZE_LIMIT = 16 * 2**20
 STORAGE_SIZE = 48 * 2**20
 #: /usr and /etc are read-only binds (EROFS: a plain OSError); / (bwrap's tmpfs) and
 #: /run/kernel are root's.
+#: What the sandbox shows of <sys.prefix>/etc/jupyter (jupyter_server's own configuration
+#: directory): an empty tmpfs where the host has it.
+PREFIX_JUPYTER_CONFIG = (
+    "empty" if os.path.isdir(os.path.join(sys.prefix, "etc", "jupyter")) else "FileNotFoundError"
+)
 WRITE_SYSTEM_ERRORS = ["OSError", "OSError", "PermissionError", "PermissionError"]
 
 #: What kernel code runs; it prints one JSON line. Every probe catches its own error and
 #: says its type: the kernel must live through all of them.
 PROBE = """
-import json, mmap, os, signal, socket, time
+import json, mmap, os, signal, socket, sys, time
 
 def attempt(action):
     try:
@@ -130,6 +143,7 @@ print(json.dumps({{
     "transcripts": attempt(lambda: read({transcripts!r})),
     "runtime": attempt(lambda: listing({runtime!r})),
     "daemon_data": attempt(lambda: listing({daemon_data!r})),
+    "prefix_jupyter_config": attempt(lambda: listing(sys.prefix + "/etc/jupyter")),
     "other_home": attempt(lambda: read({other_home!r})),
     "write_system": [attempt(lambda: write(path)) for path in {system_files!r}],
     "write_daemon_home": attempt(lambda: write({daemon_file!r})),
@@ -160,7 +174,7 @@ async def probe(client: GatewayClient, kernel_id: str, daemon: Daemon, **targets
 
 
 @pytest.fixture
-def limited_daemon(nothing_left: None, daemon: Daemon) -> Daemon:
+def limited_daemon(nothing_left: test_sandbox.Watched, daemon: Daemon) -> Daemon:
     install_sandbox_kernelspec(
         daemon.home / "data" / "kernels",
         KERNEL_NAME,
@@ -176,17 +190,18 @@ def limited_daemon(nothing_left: None, daemon: Daemon) -> Daemon:
 
 async def secret_home_file(client: GatewayClient, kernel_id: str) -> str:
     """A secret in kernel ``kernel_id``'s home; its path on the host."""
+    namespace = namespace_name(kernel_id)
     result = await client.execute(
         kernel_id, "import os\nopen('secret', 'w').write('secret')\nprint(os.getpid())"
     )
     assert result.ok, result.error
-    homes = list(Path(test_sandbox.runtime_directory()).glob("*/home/home/secret"))
-    assert homes, "the victim's secret is not in its storage"
-    return str(homes[0])
+    secret = Path(test_sandbox.runtime_directory(), namespace, "home", "home", "secret")
+    assert secret.read_text() == "secret"  # on the host, in the kernel's storage
+    return str(secret)
 
 
 async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
-    limited_daemon: Daemon,
+    limited_daemon: Daemon, nothing_left: test_sandbox.Watched
 ) -> None:
     daemon = limited_daemon
     daemon.start("--ip=0.0.0.0")  # on every address: the host side of each veth pair too
@@ -194,8 +209,10 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
     assert daemon.process is not None
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(120)) as client:
         victim = await client.start_kernel(KERNEL_NAME)
+        nothing_left.watch(victim)
         victim_secret = await secret_home_file(client, victim)
         attacker = await client.start_kernel(KERNEL_NAME)
+        nothing_left.watch(attacker)
         found = await probe(
             client,
             attacker,
@@ -221,6 +238,8 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
         assert found["transcripts"] == "FileNotFoundError"
         assert found["runtime"] == "FileNotFoundError"
         assert found["daemon_data"] == "FileNotFoundError"
+        # Jupyter's configuration in the interpreter's prefix, covered (hidden_directories).
+        assert found["prefix_jupyter_config"] == PREFIX_JUPYTER_CONFIG
         assert found["other_home"] == "FileNotFoundError"
         # Read-only system, nothing else writable but its home and /tmp.
         assert found["write_system"] == WRITE_SYSTEM_ERRORS, found["write_system"]
@@ -261,7 +280,7 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
 
 
 async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
-    limited_daemon: Daemon,
+    limited_daemon: Daemon, nothing_left: test_sandbox.Watched
 ) -> None:
     """The control: a plain kernel of the same daemon, against the same targets (a
     sandbox kernel's home on the host, the daemon's files)."""
@@ -271,6 +290,7 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
     assert daemon.process is not None
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(120)) as client:
         victim = await client.start_kernel(KERNEL_NAME)
+        nothing_left.watch(victim)
         victim_secret = await secret_home_file(client, victim)
         plain = await client.start_kernel("python3")
         found = await probe(
@@ -290,6 +310,9 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
         assert found["transcripts"] == "read"
         assert found["runtime"] == "listed"
         assert found["daemon_data"] == "listed"
+        assert found["prefix_jupyter_config"] == (
+            "listed" if PREFIX_JUPYTER_CONFIG == "empty" else "FileNotFoundError"
+        )
         assert found["other_home"] == "read"
         assert found["write_daemon_home"] == "written"
         assert found["fork_bomb"] == ["forked", PROCESS_LIMIT + 16]
