@@ -170,7 +170,15 @@ COLUMNS = {
         "note",
     ],
     "latency": ["p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "lines", "frames"],
-    "upstream": ["seconds", "x_alone", "lines", "loss_percent"],
+    "upstream": [
+        "seconds",
+        "x_alone",
+        "lines",
+        "loss_percent",
+        "gap_records",
+        "lost_in_gaps",
+        "finished",
+    ],
     "nodes": [
         "seconds",
         "x_one_node",

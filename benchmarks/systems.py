@@ -42,9 +42,11 @@ class System:
     """One system under test: its name, how it is started, which protocols it speaks."""
 
     name: str
-    kind: str  # "gateway", "jupyter_server" or "kernel_gateway"
+    kind: str  # "gateway", "jupyter_server", "kernel_gateway" or "enterprise_gateway"
     options: tuple[str, ...] = ()
     protocols: tuple[str, ...] = ("v1",)
+    #: Environment variables set for its process.
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def ours(self) -> bool:
@@ -59,6 +61,18 @@ JUPYTER_SERVER_NO_LIMIT = System(
     ("--ZMQChannelsWebsocketConnection.limit_rate=False",),
 )
 KERNEL_GATEWAY = System("jupyter_kernel_gateway", "kernel_gateway")
+#: Enterprise Gateway 3.3 on its defaults, from its own virtualenv (made by
+#: ``python -m tests.integration.enterprise_gateway``; see ``enterprise_gateway_venv``).
+ENTERPRISE_GATEWAY = System("Enterprise Gateway 3.3", "enterprise_gateway", protocols=("legacy",))
+
+
+def enterprise_gateway_venv() -> Path:
+    """Where the tests keep Enterprise Gateway's virtualenv (made if it is not there)."""
+    from tests.integration.enterprise_gateway import ensure_venv
+
+    return ensure_venv()
+
+
 SYSTEMS = (GATEWAY, JUPYTER_SERVER, JUPYTER_SERVER_NO_LIMIT, KERNEL_GATEWAY)
 
 
@@ -110,6 +124,14 @@ class Server:
                 "--ServerApp.jpserver_extensions=kernel_gateway_stream=False",
                 *self.system.options,
             ]
+        if kind == "enterprise_gateway":
+            return [
+                str(enterprise_gateway_venv() / "bin" / "jupyter-enterprisegateway"),
+                "--ip=127.0.0.1",
+                f"--port={self.port}",
+                f"--EnterpriseGatewayApp.auth_token={TOKEN}",
+                *self.system.options,
+            ]
         return [
             sys.executable,
             "-m",
@@ -128,6 +150,12 @@ class Server:
             JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
             JUPYTER_CONFIG_DIR=str(self.home / "config"),
         )
+        env.update(self.system.env)
+        if self.system.kind == "enterprise_gateway":
+            # Its kernelspec says "python": the virtualenv's (jupyter_client 6).
+            bin_dir = enterprise_gateway_venv() / "bin"
+            env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+            env["VIRTUAL_ENV"] = str(bin_dir.parent)
         log = open(self.home / "server.log", "wb")  # noqa: SIM115 - closed with the process
         self.process = subprocess.Popen(self.argv(), env=env, stdout=log, stderr=log)
         self.ps = psutil.Process(self.process.pid)
@@ -164,7 +192,11 @@ class Server:
         return json.loads(response.body) if response.body else None
 
     async def start_kernel(self, name: str = "python3") -> str:
-        model = await self.request("POST", "/api/kernels", {"name": name})
+        body: dict[str, Any] = {"name": name}
+        if self.system.kind == "enterprise_gateway":
+            # It refuses kernels for root unless KERNEL_USERNAME says who they are for.
+            body["env"] = {"KERNEL_USERNAME": "benchmark"}
+        model = await self.request("POST", "/api/kernels", body)
         kernel_id: str = model["id"]
         return kernel_id
 
