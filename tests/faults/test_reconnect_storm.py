@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from tornado.httpclient import AsyncHTTPClient
 
 from benchmarks.firehose import install_kernelspec
@@ -87,6 +88,7 @@ async def storm_client(
     return last
 
 
+@pytest.mark.alone  # measures the daemon's memory: nothing else runs meanwhile
 async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
     daemon: Daemon, tmp_path: Path
 ) -> None:

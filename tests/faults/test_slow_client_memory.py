@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks.firehose import install_kernelspec
 
 from ..integration.daemon import Daemon
@@ -83,6 +85,7 @@ async def peak_with_stalled_client(
     return peak
 
 
+@pytest.mark.alone  # measures the daemon's memory: nothing else runs meanwhile
 async def test_a_stalled_client_costs_at_most_its_queue_limit_and_is_closed(
     daemon: Daemon, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 from tornado.websocket import websocket_connect
 
@@ -179,6 +180,7 @@ async def summary_peak(daemon: Daemon, path: str, readers: int) -> tuple[int, li
     return status_kib(pid, "VmHWM") - before, [len(response.body) for response in responses]
 
 
+@pytest.mark.alone  # measures the daemon's memory: nothing else runs meanwhile
 async def test_a_kernel_flooding_gigabytes_costs_the_gateway_a_bounded_amount_of_memory(
     daemon: Daemon, tmp_path: Path
 ) -> None:
