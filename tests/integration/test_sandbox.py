@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from kernel_gateway_stream.client import GatewayClient
-from kernel_gateway_stream.kernels.netns import namespace_name
+from kernel_gateway_stream.kernels.netns import host_interface_name, namespace_name
 from kernel_gateway_stream.kernels.netns_confinement import DEFAULT_UID_BASE, mounts_under
 from kernel_gateway_stream.kernels.sandbox import (
     PROVISIONER_NAME,
@@ -340,3 +341,37 @@ async def test_re_attached_after_a_gateway_crash(
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_outbound_connections_when_allowed(
+    nothing_left: Watched, daemon: Daemon
+) -> None:
+    """``allow_outbound``: the kernel reaches a listener on the host side of its veth
+    pair (the escape tests show that it does not by default)."""
+    install_sandbox_kernelspec(
+        daemon.home / "data" / "kernels", "sandbox-outbound", config={"allow_outbound": True}
+    )
+    daemon.start()
+    await daemon.wait_ready()
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
+            kernel_id = await client.start_kernel("sandbox-outbound")
+            nothing_left.watch(kernel_id)
+            host = host_address(kernel_id)
+            result = await client.execute(
+                kernel_id,
+                "import socket\n"
+                f"with socket.create_connection(({host!r}, {port}), timeout={seconds(10)}):\n"
+                "    print('connected')",
+            )
+            assert result.stdout == "connected\n", result.error
+            await client.shutdown(kernel_id)
+
+
+def host_address(kernel_id: str) -> str:
+    """The host side of the kernel's veth pair, as the host shows it."""
+    shown = ip("-o", "-4", "addr", "show", "dev", host_interface_name(kernel_id))
+    return shown.split()[3].split("/")[0]
