@@ -15,6 +15,7 @@ except under ``CI=true``, where they fail.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -24,11 +25,14 @@ from typing import Any
 import pytest
 
 from kernel_gateway_stream.client import GatewayClient
+from kernel_gateway_stream.client.api import ExecutionResult
+from kernel_gateway_stream.core.errors import KernelDied
 from kernel_gateway_stream.kernels.netns import namespace_name
 from kernel_gateway_stream.kernels.sandbox import install_sandbox_kernelspec
 
 from ..integration import test_netns, test_sandbox
 from ..integration.daemon import TOKEN, Daemon
+from ..integration.waits import wait_until
 from ..timing import seconds
 from .test_netns_escape import host_address
 
@@ -43,6 +47,9 @@ nothing_left = test_sandbox.nothing_left
 pytestmark = pytest.mark.xdist_group("sandbox")
 
 KERNEL_NAME = "python3-sandbox-limited"
+CPU_KERNEL_NAME = "python3-sandbox-cpu"
+#: Well above what ipykernel's start takes, even on a loaded machine.
+CPU_SECONDS = 8
 PROCESS_LIMIT = 64
 MEMORY_LIMIT = 2**30
 FILE_SIZE_LIMIT = 16 * 2**20
@@ -184,6 +191,9 @@ def limited_daemon(nothing_left: test_sandbox.Watched, daemon: Daemon) -> Daemon
             "file_size_limit": FILE_SIZE_LIMIT,
             "storage_size": STORAGE_SIZE,
         },
+    )
+    install_sandbox_kernelspec(
+        daemon.home / "data" / "kernels", CPU_KERNEL_NAME, config={"cpu_time_limit": CPU_SECONDS}
     )
     return daemon
 
@@ -341,3 +351,35 @@ def test_the_probe_code_is_valid_python() -> None:
         "probe",
         "exec",
     )
+
+
+async def test_a_cpu_hog_is_killed_at_its_cpu_time_limit(
+    limited_daemon: Daemon, nothing_left: test_sandbox.Watched
+) -> None:
+    """RLIMIT_CPU (CPU_SECONDS here): SIGXCPU ends the kernel; the gateway reports the execution
+    ``died`` and jupyter's restarter starts the kernel again, afresh."""
+    daemon = limited_daemon
+    daemon.start()
+    await daemon.wait_ready()
+    async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(120)) as client:
+        kernel_id = await client.start_kernel(CPU_KERNEL_NAME)
+        nothing_left.watch(kernel_id)
+        assert (await client.execute(kernel_id, "before = 1")).ok
+        with pytest.raises(KernelDied) as died:
+            await client.execute(kernel_id, "while True: pass")
+        assert isinstance(died.value.result, ExecutionResult)
+        assert died.value.result.status == "died"
+
+        async def answers_again() -> bool:
+            try:
+                result = await asyncio.wait_for(
+                    client.execute(kernel_id, "print('back')"), seconds(10)
+                )
+            except (KernelDied, TimeoutError):
+                return False
+            return result.stdout == "back\n"
+
+        await wait_until(answers_again, "the restarted kernel to answer", timeout=120)
+        fresh = await client.execute(kernel_id, "before")
+        assert (fresh.error or {}).get("ename") == "NameError"  # a new process
+        await client.shutdown(kernel_id)
