@@ -60,6 +60,10 @@ from kernel_gateway_stream.kernels.netns_enter import blocking_ancestor, setpriv
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
 
+#: Namespace tests run one at a time, on one worker: the sweep removes every namespace a
+#: test leaves, and each daemon takes the first free subnet of the same pool.
+pytestmark = pytest.mark.xdist_group("namespaces")
+
 KERNEL_NAME = "python3-netns"
 LIFECYCLE = "kernel_gateway_stream_lifecycle"
 GAP = "kernel_gateway_stream_gap"

@@ -51,7 +51,7 @@ from .test_netns import ip, listed_namespaces, run, start
 from .waits import wait_until
 
 #: One worker runs these and tests/security/test_sandbox_escape.py, one after the other.
-pytestmark = pytest.mark.xdist_group("sandbox")
+pytestmark = pytest.mark.xdist_group("namespaces")
 
 KERNEL_NAME = "python3-sandbox"
 

@@ -38,6 +38,10 @@ from ..timing import seconds
 # each test, and the daemon has the netns kernelspec.
 netns_host = test_netns.netns_host
 sweep = test_netns.sweep
+
+#: Namespace tests run one at a time, on one worker: the sweep removes every namespace a
+#: test leaves, and each daemon takes the first free subnet of the same pool.
+pytestmark = pytest.mark.xdist_group("namespaces")
 netns_daemon = test_netns.netns_daemon
 
 #: What kernel code runs; it prints one JSON line. ``{timeout}`` bounds every connection.

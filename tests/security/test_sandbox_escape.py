@@ -44,7 +44,7 @@ nothing_left = test_sandbox.nothing_left
 #: One worker runs them all, one after the other, as the integration tests of sandbox
 #: kernels: each test then watches only its own kernels' users, and no other test's kernel
 #: can have taken one of those users meanwhile.
-pytestmark = pytest.mark.xdist_group("sandbox")
+pytestmark = pytest.mark.xdist_group("namespaces")
 
 KERNEL_NAME = "python3-sandbox-limited"
 CPU_KERNEL_NAME = "python3-sandbox-cpu"
