@@ -40,7 +40,7 @@ def _cluster_system(name: str, prefix: str) -> System:
             f"--RedisTranscriptStore.key_prefix={prefix}",
             "--ClusterNode.lease_ttl=3",
             "--ClusterNode.sync_interval=0.3",
-            # This machine's Redis asks for no password (see README, "Several nodes").
+            # This machine's Redis asks for no password (see docs/several-nodes.md).
             "--ClusterNode.allow_unauthenticated_redis=True",
         ),
     )

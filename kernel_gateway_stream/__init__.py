@@ -2,7 +2,7 @@
 
 Every IOPub message of every kernel is recorded once, durably, with a per-kernel
 sequence number, and fanned out to any number of clients, bursts of ``stream`` output
-coalesced instead of dropped. The README's "How it works" states the invariants.
+coalesced instead of dropped. docs/how-it-works.md states the invariants.
 """
 
 from __future__ import annotations

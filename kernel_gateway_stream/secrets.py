@@ -18,10 +18,10 @@ token (DESIGN, "Trust"):
   jupyter_server's ``jupyter_cookie_secret`` file, from which a kernel could sign itself a
   cookie.
 
-What remains (README, "Trust"): a kernel running as the gateway's own user can read the
-files that user can read, the gateway's configuration file included. Keep the token in
-the environment (``JUPYTER_TOKEN``), not on the command line (``ps`` shows it to every
-user) nor in a file kernels can read.
+What remains (docs/guarantees.md, "What code in a kernel can reach, per launch"): a kernel
+running as the gateway's own user can read the files that user can read, the gateway's
+configuration file included. Keep the token in the environment (``JUPYTER_TOKEN``), not on
+the command line (``ps`` shows it to every user) nor in a file kernels can read.
 
 :class:`RedactingFilter` keeps the token, and any ``token=`` query parameter, out of
 every log line (tornado logs a failing request's URI, ``?token=`` included).

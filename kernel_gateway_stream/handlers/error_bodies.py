@@ -3,7 +3,7 @@
 jupyter_server answers a refused request with ``{"message": ..., "reason": null}``: a
 wrong token on a POST reads ``'_xsrf' argument missing from POST``, which sends the user
 the wrong way. Its HTML error pages (``/metrics``, a path nothing serves) are not the
-JSON the README promises. This transform, applied to every response the server sends,
+JSON docs/endpoints.md promises. This transform, applied to every response the server sends,
 rewrites only error answers whose reason is missing:
 
 * a 403 to a request that presented a token that is not the server's gets

@@ -1,7 +1,7 @@
 """The embedded default store: SQLite in WAL mode, written by one thread in batches.
 
 Records are stored in chunks (:mod:`..core.records`), about one byte on disk per byte of
-output. What the store promises (the README's "Guarantees" measures each):
+output. What the store promises (docs/guarantees.md measures each):
 
 * **Readable at once.** A record can be read from the moment :meth:`append` returns; until
   its batch commits it is served from memory (:class:`.pending.PendingBuffer`).

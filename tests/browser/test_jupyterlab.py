@@ -487,7 +487,7 @@ async def test_a_gateway_restart_mid_run_loses_only_what_it_could_not_see(
     gateway had received but not yet made durable (its last 10 ms batch: at most a line at
     this rate) can be missing, and then from the transcript too (a gap record)."""
     require_chromium()
-    # The kernel manager that re-attaches kernels (README: under jupyter server it is
+    # The kernel manager that re-attaches kernels (docs/endpoints.md: under jupyter server it is
     # opted into).
     with running_lab(
         tmp_path,

@@ -218,7 +218,7 @@ async def test_the_page_survives_a_gateway_restart_and_shows_what_it_missed(
             for line in record["content"]["text"].splitlines()
         ]
         # A SIGKILL may cost the transcript the last lines a client already had (what the
-        # writer had not committed: see the README's Guarantees).
+        # writer had not committed: see docs/guarantees.md).
         await until(page, lambda text: text.count("tick ") >= len(kept), "the missed lines")
         await page.wait_for_selector("#kernel-state.ended", timeout=seconds(30) * 1000)
         shown = [

@@ -10,7 +10,7 @@ Replays now read bounded pages under a few shared slots and send outside them, w
 deadline; a client catching up holds no live frames; freed heap is given back. What stays
 after a storm is allocator fragmentation, not the gateway's objects: no subscriber is left,
 and a second storm leaves the daemon no bigger than the first. The test prints the
-figures; the README quotes them.
+figures; docs/guarantees.md quotes them.
 """
 
 from __future__ import annotations

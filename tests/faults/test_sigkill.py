@@ -1,6 +1,6 @@
 """Item 11: a SIGKILL of the gateway in the middle of a firehose.
 
-What a crash may cost is stated in the README's "Guarantees" with the figures this test
+What a crash may cost is stated in docs/guarantees.md with the figures this test
 prints, in the kernel's own count: the firehose numbers its lines and stamps each with
 its clock, so the last line a client received before the kill, against the last line
 the transcript kept, is how many lines were sent out but never made durable, and over

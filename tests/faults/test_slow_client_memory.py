@@ -1,4 +1,4 @@
-"""What one client that stops reading costs the gateway in memory (README, "Guarantees").
+"""What one client that stops reading costs the gateway in memory (docs/guarantees.md).
 
 The client here stalls at the TCP level, as a frozen browser tab or a stuck program
 does: it completes the WebSocket upgrade and never reads again, so the kernel's socket

@@ -1,6 +1,6 @@
 """The channels WebSocket against a real server and real ipykernel kernels.
 
-Each test names the invariant it states (the README, "How it works").
+Each test names the invariant it states (docs/how-it-works.md).
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ needs_root = pytest.mark.skipif(
 async def test_another_user_reads_iopub_over_tcp_but_not_over_ipc(
     daemon: Daemon, transport: str, readable: bool
 ) -> None:
-    """Over TCP (the control: the exposure the README states) another user's process
+    """Over TCP (the control: the exposure docs/guarantees.md states) another user's process
     subscribes to the kernel's IOPub and reads what the kernel prints; over IPC it
     cannot even connect, and the gateway's clients get the output all the same."""
     daemon.start(f"--KernelManager.transport={transport}")
