@@ -117,7 +117,7 @@ LOSSLESS = "python3-lossless-upstream"
 
 def install_lossless_python(data_dir: Path) -> None:
     """The upstream's default kernelspec (:data:`LOSSLESS`), started through
-    kernel_gateway_stream's launcher: an ipykernel whose IOPub never drops (the README's
+    kernel_gateway_stream's launcher: an ipykernel whose IOPub never drops (docs/kernels.md's
     advice for upstream servers)."""
     spec = data_dir / "kernels" / LOSSLESS
     spec.mkdir(parents=True, exist_ok=True)
