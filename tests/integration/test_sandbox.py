@@ -343,9 +343,7 @@ async def test_re_attached_after_a_gateway_crash(
                 os.kill(pid, signal.SIGKILL)
 
 
-async def test_outbound_connections_when_allowed(
-    nothing_left: Watched, daemon: Daemon
-) -> None:
+async def test_outbound_connections_when_allowed(nothing_left: Watched, daemon: Daemon) -> None:
     """``allow_outbound``: the kernel reaches a listener on the host side of its veth
     pair (the escape tests show that it does not by default)."""
     install_sandbox_kernelspec(
