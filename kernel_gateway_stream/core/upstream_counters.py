@@ -28,11 +28,17 @@ message sent to another client of the upstream. The rules, in order:
 3. **Judgement.** Holes still missing and not explained are reported, all those judged at
    one :meth:`CounterWatch.poll` together, as one :class:`Lost` (``count``, and ``bound``
    when rule 2 may explain part of it).
-4. **Bounds.** A kernel restart brings a new session: the watch follows the newest one.
-   At most ``max_holes`` runs of holes and ``max_spans`` request spans are kept; past
-   them the oldest are judged at once. Numbers below the first one seen are ignored (the
-   gateway came late). :meth:`CounterWatch.reset` forgets everything (the connection
-   dropped: that loss is the reconnection's own gap record).
+4. **Whose counter.** The upstream server sends messages of its own on the same
+   WebSocket (jupyter_server's "IOPub message rate exceeded" notices, its ``restarting``
+   statuses), numbered by *its* session, whose counter its other connections share. So
+   a session is watched only once a reply to a request the gateway sent came from it
+   (the kernel answers; the Tap nudges with a ``kernel_info_request`` when it connects
+   and after a restart): numbers of any other session are ignored. A restart brings a
+   new session; the two newest are watched.
+5. **Bounds.** At most ``max_holes`` runs of holes and ``max_spans`` request spans are
+   kept per session; past them the oldest are judged at once. Numbers below the first
+   one seen are ignored (the gateway came late). :meth:`CounterWatch.reset` forgets every
+   session (the connection dropped: that loss is the reconnection's own gap record).
 
 A kernel whose ``msg_id`` does not follow jupyter_client's form is not watched.
 """
@@ -45,6 +51,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["CounterWatch", "Lost", "parse_counter"]
 
+#: Sessions watched at once: the kernel's, and the one before its last restart.
+MAX_SESSIONS = 2
 _COUNTED = re.compile(r"^(?P<key>.{8,}?)_(?P<n>[0-9]{1,18})$")
 
 
@@ -128,7 +136,8 @@ class CounterWatch:
         self.max_sent = max_sent
         self.max_ahead = max_ahead
         self.received = 0
-        self._session: _Session | None = None
+        #: Sessions watched, oldest first (at most MAX_SESSIONS).
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sent: OrderedDict[str, None] = OrderedDict()
         #: Holes judged past the bounds, waiting for the next poll.
         self._forced: list[tuple[int, bool, int, int]] = []
@@ -140,7 +149,7 @@ class CounterWatch:
             self._sent.popitem(last=False)
 
     def reset(self) -> None:
-        self._session = None
+        self._sessions.clear()
         self._forced = []
 
     def saw(
@@ -159,12 +168,19 @@ class CounterWatch:
         if counted is None:
             return
         key, number = counted
+        session = self._sessions.get(key)
+        if session is None:
+            if iopub or parent_msg_id is None or parent_msg_id not in self._sent:
+                return  # not (yet) known to be the kernel's counter (rule 4)
+            # The kernel answered the gateway: its first message the gateway watches, or a
+            # restart's new session.
+            session = self._sessions[key] = _Session(key, number)
+            while len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+            self.received += 1
+            return
         self.received += 1
-        session = self._session
-        if session is None or session.key != key:
-            # The first message of this session the gateway sees, or a restart's new one.
-            session = self._session = _Session(key, number)
-        elif number <= session.high:
+        if number <= session.high:
             self._fill(session, number)
         elif not iopub:
             if len(session.ahead) < self.max_ahead:
@@ -255,8 +271,7 @@ class CounterWatch:
         """Judge the holes that are due: what was lost, if anything."""
         judged = list(self._forced)
         self._forced = []
-        session = self._session
-        if session is not None:
+        for session in self._sessions.values():
             keep = []
             for hole in session.holes:
                 waited = now - hole.noticed
@@ -284,13 +299,10 @@ class CounterWatch:
         """When :meth:`poll` may next have something to judge with no message arriving."""
         if self._forced:
             return 0.0
-        session = self._session
-        if session is None or not session.holes:
-            return None
-        return min(hole.noticed for hole in session.holes) + self.quiet_window
+        noticed = [hole.noticed for session in self._sessions.values() for hole in session.holes]
+        return min(noticed) + self.quiet_window if noticed else None
 
     @property
     def pending(self) -> int:
         """Numbers missing and not yet judged."""
-        session = self._session
-        return sum(hole.size for hole in session.holes) if session is not None else 0
+        return sum(hole.size for session in self._sessions.values() for hole in session.holes)

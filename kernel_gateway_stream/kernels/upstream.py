@@ -580,7 +580,11 @@ class UpstreamIOPubSource:
             )
 
     def reconnect(self) -> None:
-        """After a restart: the upstream keeps the connection; nothing to do."""
+        """After a restart: the upstream keeps the connection. A nudge, so the kernel's
+        new session answers the gateway and its counter is watched (see
+        :mod:`..core.upstream_counters`)."""
+        if self._connection is not None and not self._stopped:
+            self._nudge(self._connection)
 
     def drain(self) -> None:
         """Messages are recorded as they arrive: nothing waits."""

@@ -12,6 +12,13 @@ def mid(n: int) -> str:
     return f"{KEY}_{n}"
 
 
+def adopt(counters: CounterWatch, n: int, at: float = 0.0, key: str = KEY) -> None:
+    """The kernel's reply numbered ``n`` to a request of the gateway's: its counter is
+    watched from there."""
+    counters.sent("nudge")
+    counters.saw(f"{key}_{n}", at, parent_msg_id="nudge", iopub=False)
+
+
 def watch(**options: float) -> CounterWatch:
     return CounterWatch(window=1.0, settle=2, quiet_window=5.0, **options)  # type: ignore[arg-type]
 
@@ -33,7 +40,7 @@ def test_numbers_in_any_order_within_the_window_are_no_loss() -> None:
 
 def test_a_number_missing_past_the_window_and_settle_is_lost() -> None:
     counters = watch()
-    counters.saw(mid(0), 0.0)
+    adopt(counters, 0, 0.0)
     counters.saw(mid(5), 0.1)  # 1..4 missing
     assert counters.poll(0.5) is None  # inside the window
     assert counters.poll(2.0) is None  # past it, but too few messages since
@@ -45,7 +52,7 @@ def test_a_number_missing_past_the_window_and_settle_is_lost() -> None:
 
 def test_a_quiet_kernel_is_judged_after_the_quiet_window() -> None:
     counters = watch()
-    counters.saw(mid(0), 0.0)
+    adopt(counters, 0, 0.0)
     counters.saw(mid(3), 0.0)
     assert counters.next_deadline() == 5.0
     assert counters.poll(4.9) is None
@@ -55,7 +62,7 @@ def test_a_quiet_kernel_is_judged_after_the_quiet_window() -> None:
 
 def test_a_late_number_splits_its_hole() -> None:
     counters = watch()
-    counters.saw(mid(0), 0.0)
+    adopt(counters, 0, 0.0)
     counters.saw(mid(10), 0.0)
     counters.saw(mid(5), 0.2)
     assert counters.pending == 8
@@ -64,7 +71,7 @@ def test_a_late_number_splits_its_hole() -> None:
 
 def test_another_clients_request_explains_one_number_between_its_busy_and_idle() -> None:
     counters = watch()
-    counters.saw(mid(0), 0.0)
+    adopt(counters, 0, 0.0)
     # jupyter_server's own kernel_info_request: busy (1), its reply to it (2), idle (3).
     counters.saw(mid(1), 0.0, parent_msg_id="theirs", parent_msg_type="kernel_info_request",
                  execution_state="busy")  # fmt: skip
@@ -81,23 +88,25 @@ def test_another_clients_request_explains_one_number_between_its_busy_and_idle()
 
 def test_the_gateways_own_requests_explain_nothing() -> None:
     counters = watch()
+    adopt(counters, 0)
     counters.sent("ours")
-    counters.saw(mid(0), 0.0, parent_msg_id="ours", execution_state="busy")
-    counters.saw(mid(2), 0.0, parent_msg_id="ours", execution_state="idle")
-    assert counters.poll(6.0) == Lost(1, False, 1, 1, ((1, 1),))
+    counters.saw(mid(1), 0.0, parent_msg_id="ours", execution_state="busy")
+    counters.saw(mid(3), 0.0, parent_msg_id="ours", execution_state="idle")
+    assert counters.poll(6.0) == Lost(1, False, 2, 2, ((2, 2),))
 
 
 def test_holes_in_another_clients_execution_are_an_upper_bound() -> None:
     counters = watch()
-    counters.saw(mid(0), 0.0, parent_msg_id="run", parent_msg_type="execute_request",
+    adopt(counters, 0)
+    counters.saw(mid(1), 0.0, parent_msg_id="run", parent_msg_type="execute_request",
                  execution_state="busy")  # fmt: skip
-    counters.saw(mid(5), 0.0)  # still running: its idle has not come
-    assert counters.poll(6.0) == Lost(3, True, 1, 4, ((1, 4),))
+    counters.saw(mid(6), 0.0)  # still running: its idle has not come
+    assert counters.poll(6.0) == Lost(3, True, 2, 5, ((2, 5),))
 
 
 def test_replies_overtaking_iopub_reveal_no_hole_and_are_no_hole() -> None:
     counters = watch()
-    counters.saw(mid(0), 0.0)
+    adopt(counters, 0, 0.0)
     counters.saw(mid(4000), 0.0, iopub=False)  # an execute_reply ahead of queued output
     counters.saw(mid(1), 3.0)
     counters.saw(mid(2), 3.0)
@@ -109,21 +118,28 @@ def test_replies_overtaking_iopub_reveal_no_hole_and_are_no_hole() -> None:
     assert counters.poll(40.0) == Lost(1, False, 4002, 4002, ((4002, 4002),))
 
 
-def test_a_new_session_a_reset_and_a_late_start_lose_nothing() -> None:
+def test_a_late_start_other_sessions_and_a_reset_lose_nothing() -> None:
     counters = watch()
-    counters.saw(mid(100), 0.0)  # the gateway came late: 0..99 are not its to judge
-    counters.saw(mid(103), 0.0)
-    counters.saw("a1b2c3d4-0000_77_0", 0.1)  # the kernel restarted: a new session
-    counters.saw("a1b2c3d4-0000_77_1", 0.1)
+    adopt(counters, 100)  # the gateway came late: 0..99 are not its to judge
+    counters.saw(mid(101), 0.0)
+    # The upstream server's own notices, numbered by its session (shared with its other
+    # connections): not the kernel's counter.
+    counters.saw("f00dfeed-0000_55_7", 0.1)
+    counters.saw("f00dfeed-0000_55_19", 0.1)
+    # The kernel restarted: a new session, watched once it answers the gateway.
+    adopt(counters, 3, 0.1, key="a1b2c3d4-0000_77")
+    counters.saw("a1b2c3d4-0000_77_4", 0.1)
     assert counters.poll(10.0) is None
-    counters.saw("a1b2c3d4-0000_77_9", 10.0)
+    counters.saw("a1b2c3d4-0000_77_6", 10.0)
     counters.reset()  # the connection dropped: its own gap record says so
-    assert counters.poll(20.0) is None
+    assert counters.poll(30.0) is None
+    assert counters.pending == 0
 
 
 def test_holes_past_the_bound_are_judged_at_once() -> None:
     counters = watch(max_holes=2)
-    for n in (0, 2, 4, 6):
+    adopt(counters, 0)
+    for n in (2, 4, 6):
         counters.saw(mid(n), 0.0)
     assert counters.next_deadline() == 0.0
     assert counters.poll(0.0) == Lost(1, False, 1, 1, ((1, 1),))
