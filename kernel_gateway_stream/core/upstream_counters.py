@@ -17,7 +17,10 @@ message sent to another client of the upstream. The rules, in order:
    wait above the highest IOPub number (at most ``max_ahead`` of them) to be left out of
    the holes revealed later. A hole is judged once it has been missing for ``window``
    seconds and ``settle`` more messages have arrived since, or for ``quiet_window``
-   seconds whatever came after.
+   seconds whatever came after; and never while late numbers are still filling holes (one
+   filled less than ``window`` seconds ago): a kernel started by the gateway's launcher
+   holds IOPub output while its PUB socket is full and sends it later, behind newer
+   messages, thousands of numbers late.
 2. **Other clients.** A request the gateway did not send (another client of the upstream,
    or the upstream server's own ``kernel_info_request``) shows on IOPub as ``busy`` and
    ``idle`` statuses with that request as parent; its reply is numbered between the two
@@ -141,6 +144,8 @@ class CounterWatch:
         self._sent: OrderedDict[str, None] = OrderedDict()
         #: Holes judged past the bounds, waiting for the next poll.
         self._forced: list[tuple[int, bool, int, int]] = []
+        #: When a late number last filled a hole (reordering still under way).
+        self._last_fill = float("-inf")
 
     def sent(self, msg_id: str) -> None:
         """The gateway sent request ``msg_id`` upstream: its reply comes to it."""
@@ -181,7 +186,8 @@ class CounterWatch:
             return
         self.received += 1
         if number <= session.high:
-            self._fill(session, number)
+            if self._fill(session, number):
+                self._last_fill = now
         elif not iopub:
             if len(session.ahead) < self.max_ahead:
                 session.ahead.add(number)
@@ -205,8 +211,9 @@ class CounterWatch:
         while len(session.holes) > self.max_holes:
             self._force(session, session.holes.pop(0))
 
-    def _fill(self, session: _Session, number: int) -> None:
-        """A late number: take it out of its hole (splitting the hole)."""
+    def _fill(self, session: _Session, number: int) -> bool:
+        """A late number: take it out of its hole (splitting the hole). False if it was
+        in none."""
         for index, hole in enumerate(session.holes):
             if hole.first <= number <= hole.last:
                 pieces = []
@@ -215,7 +222,8 @@ class CounterWatch:
                 if number < hole.last:
                     pieces.append(_Hole(number + 1, hole.last, hole.noticed, hole.received))
                 session.holes[index : index + 1] = pieces
-                return
+                return True
+        return False
 
     def _span(
         self,
@@ -271,12 +279,14 @@ class CounterWatch:
         """Judge the holes that are due: what was lost, if anything."""
         judged = list(self._forced)
         self._forced = []
+        reordering = now - self._last_fill < self.window
         for session in self._sessions.values():
             keep = []
             for hole in session.holes:
                 waited = now - hole.noticed
                 settled = self.received - hole.received >= self.settle
-                if (waited >= self.window and settled) or waited >= self.quiet_window:
+                due = (waited >= self.window and settled) or waited >= self.quiet_window
+                if due and not reordering:
                     explained, bound = self._explain(session, hole)
                     if hole.size > explained:
                         judged.append((hole.size - explained, bound, hole.first, hole.last))
@@ -300,7 +310,9 @@ class CounterWatch:
         if self._forced:
             return 0.0
         noticed = [hole.noticed for session in self._sessions.values() for hole in session.holes]
-        return min(noticed) + self.quiet_window if noticed else None
+        if not noticed:
+            return None
+        return max(min(noticed) + self.quiet_window, self._last_fill + self.window)
 
     @property
     def pending(self) -> int:

@@ -144,3 +144,19 @@ def test_holes_past_the_bound_are_judged_at_once() -> None:
     assert counters.next_deadline() == 0.0
     assert counters.poll(0.0) == Lost(1, False, 1, 1, ((1, 1),))
     assert counters.pending == 2
+
+
+def test_holes_wait_while_late_numbers_still_fill_them() -> None:
+    counters = watch()
+    adopt(counters, 0)
+    counters.saw(mid(1000), 0.0)  # a held backlog: 1..999 come later, behind 1000
+    for n in range(1001, 1100):
+        counters.saw(mid(n), 0.5)
+    for n in range(1, 500):
+        counters.saw(mid(n), 4.0)  # still filling, past the window and the settle count
+    assert counters.poll(4.5) is None
+    assert counters.next_deadline() == 5.0
+    for n in range(500, 990):
+        counters.saw(mid(n), 9.0)
+    assert counters.poll(9.5) is None  # filled half a second ago
+    assert counters.poll(10.0) == Lost(10, False, 990, 999, ((990, 999),))
