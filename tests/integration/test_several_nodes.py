@@ -29,7 +29,8 @@ from ..timing import seconds
 from .daemon import Daemon
 from .sseclient import SSEReader, stream_text
 
-pytestmark = pytest.mark.timeout(300)
+#: Several daemons each, and the mid-flood tests share their set-up: one worker, in order.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("several-nodes")]
 
 GAP = "kernel_gateway_stream_gap"
 #: The cluster secret the test nodes share.

@@ -32,7 +32,8 @@ from ..integration.test_several_nodes import CLUSTER_SECRET, Cluster, redis_url,
 from ..timing import seconds
 from .test_secrets import run_in_kernel
 
-pytestmark = pytest.mark.timeout(300)
+#: Several daemons each, and the mid-flood tests share their set-up: one worker, in order.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("several-nodes")]
 
 #: Kernel code: take the kernel's lease for a node of its own making (no expiry, so that
 #: no node renews or takes it) and give that node the URL of the attacker's listener. A
