@@ -4,6 +4,7 @@ jupyter_kernel_gateway, in one run, on one machine, with the same client code an
     python -m pip install -e ".[bench]" && python -m benchmarks            # about 10 minutes
     python -m benchmarks --quick                                          # about 2 minutes
     python -m benchmarks --only latency fanout --systems kernel_gateway_stream
+    python -m benchmarks --only faults --seed 1 --faults 50                # about 6 minutes
 
 Prints Markdown tables (each scenario, then the targets with the ratios measured) and
 writes everything, every run included, to ``benchmarks/results/report.json``.
@@ -28,7 +29,7 @@ import jupyter_server
 import kernel_gateway
 import zmq
 
-from . import nodes
+from . import faults, nodes
 from . import scenarios as sc
 from .firehose import install_kernelspec
 from .systems import SYSTEMS, Server, System
@@ -43,7 +44,10 @@ SCENARIOS = (
     "catchup",
     "upstream",
     "nodes",
+    "faults",
 )
+#: Scenarios that start servers of their own, not one per system.
+OWN_SERVERS = {"upstream", "nodes", "faults"}
 Row = dict[str, Any]
 
 
@@ -180,6 +184,10 @@ COLUMNS = {
         "finished",
     ],
     "nodes": [
+        "p50_ms",
+        "p99_ms",
+        "added_p50_ms",
+        "added_p99_ms",
         "seconds",
         "x_one_node",
         "cpu_seconds",
@@ -323,7 +331,8 @@ def target_table(checks: list[Row]) -> str:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     plan = sc.QUICK if args.quick else sc.FULL
-    only = set(args.only or SCENARIOS)
+    # The fault schedule runs only when asked for: it measures no speed.
+    only = set(args.only or SCENARIOS) - ({"faults"} if not args.only else set())
     chosen = [s for s in SYSTEMS if not args.systems or s.name in args.systems]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -342,7 +351,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         install_kernelspec(home / "jp")
         os.environ["JUPYTER_PATH"] = str(home / "jp")
         rows = await run_references(plan, only)
-        for system in chosen:
+        for system in chosen if only - OWN_SERVERS else ():
             rows += await run_system(system, home, plan, only)
         if "upstream" in only:
             rows += await sc.upstream(home, plan)
@@ -350,10 +359,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if "nodes" in only:
             rows += await nodes.nodes(home, plan)
             print("  nodes done", flush=True)
+        fault_table = ""
+        if "faults" in only:
+            found, fault_table = await faults.faults(
+                home, args.seed, args.faults, args.sqlite_faults, args.fault_kinds
+            )
+            rows += found
+            print("  faults done", flush=True)
     add_ratios(rows)
     checks = targets(rows)
     elapsed = time.perf_counter() - started
-    text = tables(rows) + "\n" + target_table(checks)
+    text = tables(rows) + "\n" + target_table(checks) + fault_table
     print(text)
     print(
         f"\n{elapsed / 60:.1f} minutes; {machine['cores']} cores, Python {machine['python']}, "
@@ -378,6 +394,14 @@ def cli() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes, about 2 minutes")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run these scenarios")
     parser.add_argument("--systems", nargs="+", choices=[s.name for s in SYSTEMS])
+    parser.add_argument("--seed", type=int, default=1, help="the fault schedule's seed")
+    parser.add_argument("--faults", type=int, default=50, help="how many faults it has")
+    parser.add_argument(
+        "--sqlite-faults", type=int, default=10, help="then how many on one node on SQLite"
+    )
+    parser.add_argument(
+        "--fault-kinds", nargs="+", help="only these kinds (tests/faults/schedule.py KINDS)"
+    )
     parser.add_argument(
         "--output", type=Path, default=Path("benchmarks/results/report.json"), help="JSON report"
     )

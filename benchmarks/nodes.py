@@ -6,11 +6,20 @@
 * **per message**: the 20,000-line flood to one client on one node with the embedded
   defaults (SQLite, in-process), against one node on Redis (Streams store): the cost of
   the Redis path.
+* **committed-only delivery**: a line printed every 10 ms, to one client on the node that
+  records the kernel: time from the kernel's print (its clock, in the line) to the
+  client, p50 and p99, with one node in-process (SQLite; live delivery before commit)
+  against one node on Redis, whose owner sends a record to its own clients only once
+  Redis has confirmed its fenced append. ``added_p50_ms`` / ``added_p99_ms``: the
+  difference of those percentiles; CPU per message of the server over the run.
 * **takeover**: the owner of a kernel SIGKILLed (its lease runs out) or stopped with
   SIGTERM (it hands the kernel over); seconds until another node holds the lease, and
   until an execution sent afterwards through a survivor has ended.
 
-Needs Redis: ``KGS_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).
+Needs Redis: ``KGS_BENCH_REDIS_URL``, else ``KGS_REDIS_URL`` (default
+``redis://127.0.0.1:6379/0``). ``KGS_BENCH_REDIS_URL`` leaves the other systems of the run
+on their embedded defaults (``KGS_REDIS_URL`` in the environment would make every gateway
+started a node of several).
 """
 
 from __future__ import annotations
@@ -47,12 +56,17 @@ def _cluster_system(name: str, prefix: str) -> System:
 
 
 async def nodes(home: Path, plan: sc.Plan) -> list[Row]:
-    url = os.environ.get("KGS_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    url = (
+        os.environ.get("KGS_BENCH_REDIS_URL")
+        or os.environ.get("KGS_REDIS_URL")
+        or "redis://127.0.0.1:6379/0"
+    )
     prefix = f"kgs-bench-{uuid.uuid4().hex[:8]}:"
     rows: list[Row] = []
     os.environ["KGS_REDIS_URL"] = url
     os.environ.setdefault("KGS_CLUSTER_SECRET", f"kgs-bench-{uuid.uuid4().hex}")
     try:
+        rows += await _latency(home, plan, prefix)
         rows += await _per_message(home, plan, prefix)
         rows += await _fanout(home, plan, prefix)
         rows.append(await _takeover(home, prefix, signal.SIGKILL))
@@ -74,6 +88,46 @@ async def _start(system: System, where: Path, home: Path, *, redis: bool) -> Ser
         if saved:
             os.environ["KGS_REDIS_URL"] = saved
     return server
+
+
+async def _latency(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
+    rows = []
+    for label, system, redis in (
+        ("one node, in-process bus and SQLite", GATEWAY, False),
+        ("one node on Redis (committed-only)", _cluster_system("on Redis", prefix + "lat:"), True),
+    ):
+        server = await _start(system, home / "nodes" / f"lat-{redis}", home, redis=redis)
+        try:
+            kernel_id = await server.start_kernel()
+            (ws,) = await sc.connect_many(server.port, kernel_id, "v1", 1)
+            try:
+                warm = Tally(ws.execute("print('warm')"))
+                await follow_all([(ws, warm)], plan.timeout)
+                cpu = server.cpu_seconds()
+                tally = sc.LatencyTally(ws.execute(sc.PACED.format(n=plan.latency_prints)))
+                await follow_all([(ws, tally)], plan.timeout + plan.latency_prints * 0.02)
+                cpu = server.cpu_seconds() - cpu
+            finally:
+                ws.close()
+            await server.shutdown_kernel(kernel_id)
+        finally:
+            await server.stop()
+        delays = tally.delays or [float("nan")]
+        rows.append(
+            sc.row(
+                "nodes",
+                label,
+                f"latency, a line every 10 ms ({plan.latency_prints}), owner's client",
+                p50_ms=1000 * sc.percentile(delays, 0.5),
+                p99_ms=1000 * sc.percentile(delays, 0.99),
+                cpu_seconds=cpu,
+                server_us_per_message=1e6 * cpu / max(1, tally.lines),
+                lines=tally.lines,
+            )
+        )
+    rows[1]["added_p50_ms"] = rows[1]["p50_ms"] - rows[0]["p50_ms"]
+    rows[1]["added_p99_ms"] = rows[1]["p99_ms"] - rows[0]["p99_ms"]
+    return rows
 
 
 async def _per_message(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:

@@ -2,7 +2,11 @@
 
 Every IOPub message of every kernel is recorded once, durably, with a per-kernel
 sequence number, and fanned out to any number of clients, bursts of ``stream`` output
-coalesced instead of dropped. docs/how-it-works.md states the invariants.
+coalesced instead of dropped. docs/how-it-works.md states the invariants and draws the
+layout: each package's docstring says what may import it, and no import runs from a lower
+package to a higher one (:mod:`.core` at the bottom; :mod:`.kernels`, :mod:`.broker`,
+:mod:`.stores` on it; :mod:`.recording`, then :mod:`.cluster`; the executions and
+:mod:`.handlers`; :mod:`.app` at the top).
 """
 
 from __future__ import annotations

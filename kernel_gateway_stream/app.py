@@ -70,6 +70,7 @@ from .kernels.upstream_manager import UpstreamMappingKernelManager
 from .kernels.zmq_kernel import KernelSockets
 from .logs import LogSetup
 from .memory import HeapTrimmer
+from .recording.registry import KERNEL_ACTIONS_SCHEMA, RecorderRegistry
 from .secrets import (
     RedactingFilter,
     forbid_dumping,
@@ -82,7 +83,6 @@ from .stores.redis import RedisTranscriptStore
 from .stores.redis_trust import password_of
 from .stores.sqlite import SQLiteTranscriptStore
 from .stores.sqlite_schema import create_private_file
-from .tap import KERNEL_ACTIONS_SCHEMA, TapManager
 
 __all__ = ["GatewayStreamApp", "StartRefused", "StreamServerApp", "main"]
 
@@ -221,7 +221,7 @@ class GatewayStreamApp(ExtensionApp):
     classes = [
         *ExtensionApp.classes,
         StreamServerApp,
-        TapManager,
+        RecorderRegistry,
         SQLiteTranscriptStore,
         RedisTranscriptStore,
         ClusterNode,
@@ -483,7 +483,7 @@ class GatewayStreamApp(ExtensionApp):
         self.broker: Broker = self.broker_class(parent=self, log=self.log)
         self.sockets = KernelSockets()
         kernel_manager = serverapp.kernel_manager
-        self.taps = TapManager(
+        self.taps = RecorderRegistry(
             kernel_manager, self.store, self.broker, self.sockets, parent=self, log=self.log
         )
         self.executions = ExecutionManager(self.taps, self.store, parent=self, log=self.log)
@@ -535,6 +535,7 @@ class GatewayStreamApp(ExtensionApp):
             cluster=self.cluster,
         )
         self.taps.on_close(self.services.kernel_closed)
+        self.taps.on_lease_lost(self.services.kernel_lease_lost)
         metrics.collector().add(self.services)
         if self.metrics_port:
             self._metrics_server = metrics.MetricsServer(self.metrics_ip, self.metrics_port)

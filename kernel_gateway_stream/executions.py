@@ -27,8 +27,9 @@ from .core.executions import INPUT_REQUEST, UNFINISHED, ExecutionSummary, Summar
 from .core.marks import LIFECYCLE_STATES
 from .core.messages import KernelMessage, Record, dumps_json
 from .kernels.base import KernelChannels
+from .recording.recorder import KernelRecorder, now_iso
+from .recording.registry import RecorderRegistry
 from .stores.base import TranscriptStore
-from .tap import KernelTap, TapManager, now_iso
 
 __all__ = ["UNFINISHED", "ExecutionManager", "KernelExecutor"]
 
@@ -42,7 +43,7 @@ MAX_SENT = 10000
 class KernelExecutor:
     """Sends execute requests and input replies to one kernel on the gateway's behalf."""
 
-    def __init__(self, tap: KernelTap, manager: ExecutionManager) -> None:
+    def __init__(self, tap: KernelRecorder, manager: ExecutionManager) -> None:
         self.kernel_id = tap.kernel_id
         self.tap = tap
         self.manager = manager
@@ -147,7 +148,7 @@ class ExecutionManager(LoggingConfigurable):
         "it holds one of the max_concurrent_summaries slots; a slower one is disconnected.",
     )
 
-    def __init__(self, taps: TapManager, store: TranscriptStore, **kwargs: Any) -> None:
+    def __init__(self, taps: RecorderRegistry, store: TranscriptStore, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.taps = taps
         self.store = store

@@ -133,6 +133,12 @@ class _Families:
         self.gaps = counter(
             "gap_records", "Gap records written: ranges the transcript could not keep."
         )
+        self.deaths = counter(
+            "kernel_deaths",
+            "Kernels that died by themselves, by reason (cpu_limit: a sandbox kernel past its "
+            "CPU time; kernel_died: any other).",
+            ("reason",),
+        )
         self.dropped = counter(
             "transcript_dropped_records",
             "Records the transcript could not keep (past the backlog bound), under gap records.",
@@ -166,6 +172,10 @@ class _Families:
         self._add(self.iopub_refused, sum(t.rejected for t in tapped), "invalid")
         self._add(self.iopub_refused, sum(t.replays for t in tapped), "replay")
         self._add(self.kernels, len(tapped))
+        for reason in ("kernel_died", "cpu_limit"):
+            self._add(self.deaths, 0, reason)
+        for reason, count in taps.deaths.items():
+            self._add(self.deaths, count, reason)
 
         broker = services.broker.health().details
         self._add(self.records, broker.get("records_published", 0))

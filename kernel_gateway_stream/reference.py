@@ -86,6 +86,10 @@ def reference() -> str:
         base = cls.__mro__[1].__name__
         out.append(f"\n## `{cls.__name__}`\n")
         out.append(f"{_summary(cls)} (`{cls.__module__}`; subclass of `{base}`)\n")
+        former = getattr(cls, "former_names", ())
+        if former:
+            names = ", ".join(f"`{name}`" for name in former)
+            out.append(f"Its options are also read under its former name: {names}.\n")
         out.append("\n| option | type | default | meaning |\n|---|---|---|---|")
         for name, trait in _own_traits(cls):
             kind = type(trait).__name__

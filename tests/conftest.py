@@ -4,7 +4,13 @@ subprocess. pytest only honours pytest_plugins in the top-level conftest."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,11 +25,13 @@ from traitlets.config import Config
 
 from kernel_gateway_stream.handlers.common import SETTINGS_KEY, Services
 
-from .integration.daemon import daemon
+from .integration.daemon import daemon, module_daemon
 from .integration.sseclient import SSEReader
 from .integration.wsclient import KernelWS
 
-__all__ = ["daemon"]  # a fixture: the daemon as a subprocess (tests/integration/daemon.py)
+# Fixtures: the daemon as a subprocess, one per test or one per module
+# (tests/integration/daemon.py).
+__all__ = ["daemon", "module_daemon"]
 
 
 @pytest.fixture
@@ -114,3 +122,59 @@ def sse(jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str) -> 
 
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+TESTS = Path(__file__).resolve().parent
+#: The tiers whose tests start servers, kernels, browsers or namespaces: every test there
+#: is ``slow`` unless it is marked ``smoke``. The rest (the unit tests, the pure core, the
+#: package checks) is ``slow`` only where it says so.
+SLOW_TIERS = frozenset({"browser", "faults", "integration", "security"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.resolve().relative_to(TESTS).parts
+        in_slow_tier = len(parts) > 1 and parts[0] in SLOW_TIERS
+        if in_slow_tier and item.get_closest_marker("smoke") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+#: Seconds before pytest-timeout's limit at which a test still running prints where each of
+#: its asyncio tasks waits: pytest-timeout shows only the threads, and for an async test
+#: that is the event loop's ``select``, not the ``await`` that hangs.
+TASK_DUMP_LEAD = 20
+
+
+def _print_tasks(signum: int, frame: Any) -> None:
+    loop = asyncio._get_running_loop()
+    if loop is None:
+        return
+    print(f"\n+++ asyncio tasks, {TASK_DUMP_LEAD} s before the timeout +++", file=sys.stderr)
+    for task in asyncio.all_tasks(loop):
+        print(f"--- {task!r}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    marker = item.get_closest_marker("timeout")
+    limit = (
+        float(marker.args[0])
+        if marker and marker.args
+        else float(item.config.getini("timeout") or 0)
+    )
+    timer = None
+    if limit > TASK_DUMP_LEAD and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGUSR2, _print_tasks)
+        main = threading.main_thread().ident
+        assert main is not None
+        timer = threading.Timer(limit - TASK_DUMP_LEAD, signal.pthread_kill, (main, signal.SIGUSR2))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+            signal.signal(signal.SIGUSR2, previous)

@@ -30,6 +30,7 @@ def missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.mark.slow  # node's test runner over the TypeScript: CI's run, not the edit loop
 def test_the_lab_extension_unit_tests_pass() -> None:
     npm = shutil.which("npm")
     if npm is None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,6 +23,7 @@ def test_ruff_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # a whole-package type check: CI's run, not the edit loop
 def test_mypy_is_clean() -> None:
     result = run(sys.executable, "-m", "mypy")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -51,6 +54,6 @@ def test_daemon_help_lists_every_configurable() -> None:
         "SQLiteTranscriptStore.path",
         "SQLiteTranscriptStore.max_bytes_per_kernel",
         "MemoryBroker.coalesce_window",
-        "TapManager.iopub_receive_buffer",
+        "RecorderRegistry.iopub_receive_buffer",
     ):
         assert trait in result.stdout

@@ -36,7 +36,7 @@ def test_the_reference_lists_every_class_with_options() -> None:
         "StreamServerApp",
         "SQLiteTranscriptStore",
         "MemoryBroker",
-        "TapManager",
+        "RecorderRegistry",
         "ExecutionManager",
     } <= names
     page = reference()

@@ -1,22 +1,34 @@
-"""The Broker contract: the Tap publishes each record once; the broker coalesces and hands
+"""The Broker contract: the recorder publishes each record once; the broker coalesces and hands
 the resulting frames to every attached subscriber without waiting for any of them (DESIGN
-invariant 4). Subscribers themselves are in :mod:`.subscriber`.
+invariant 4). What a broker needs of a subscriber is :class:`FrameSink`; the subscriber
+every client connection is served by is in :mod:`.subscriber`, which builds on this module
+(never the other way round).
 """
 
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from traitlets.config import LoggingConfigurable
 
+from ..core.frames import Frame
 from ..core.health import ComponentHealth
 from ..core.messages import Record
 
-if TYPE_CHECKING:
-    from .subscriber import Subscriber
+__all__ = ["Broker", "FrameSink"]
 
-__all__ = ["Broker"]
+
+class FrameSink(Protocol):
+    """What a broker hands frames to: one client's subscriber (see
+    :class:`.subscriber.Subscriber`). Hashable: a broker keys its sinks by themselves."""
+
+    def offer(self, frame: Frame, now: float) -> None:
+        """Called on the event loop for every live frame, in order; never waits. May raise:
+        the broker then closes this sink alone and goes on with the others."""
+
+    def close(self) -> None:
+        """Called by the broker when :meth:`offer` raised."""
 
 
 class _BrokerMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
@@ -43,8 +55,8 @@ class Broker(LoggingConfigurable, metaclass=_BrokerMeta):  # type: ignore[metacl
         """The last sequence number published (or opened at) for ``kernel_id``; 0 if none."""
 
     @abstractmethod
-    def attach(self, kernel_id: str, subscriber: Subscriber) -> int:
-        """Called by :meth:`Subscriber.start`. Returns the head ``H``: the subscriber
+    def attach(self, kernel_id: str, subscriber: FrameSink) -> int:
+        """Called by :meth:`.subscriber.Subscriber.start`. Returns the head ``H``: the subscriber
         will be offered every frame whose sequence numbers are all above ``H``, and
         every record up to ``H`` is readable from the store."""
 
@@ -55,8 +67,8 @@ class Broker(LoggingConfigurable, metaclass=_BrokerMeta):  # type: ignore[metacl
         apply live frames above it with no overlap). 0 for a kernel not open here."""
 
     @abstractmethod
-    def detach(self, kernel_id: str, subscriber: Subscriber) -> None:
-        """Called by :meth:`Subscriber.close`."""
+    def detach(self, kernel_id: str, subscriber: FrameSink) -> None:
+        """Called by :meth:`.subscriber.Subscriber.close`."""
 
     @abstractmethod
     def close_kernel(self, kernel_id: str) -> None:

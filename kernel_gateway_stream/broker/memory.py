@@ -10,8 +10,7 @@ from ..core.coalescer import Coalescer
 from ..core.frames import Frame
 from ..core.health import ComponentHealth, State
 from ..core.messages import Record
-from .base import Broker
-from .subscriber import Subscriber
+from .base import Broker, FrameSink
 
 __all__ = ["MemoryBroker"]
 
@@ -24,7 +23,7 @@ class _Topic:
     def __init__(self, coalescer: Coalescer, head: int) -> None:
         self.coalescer = coalescer
         self.head = head
-        self.subscribers: dict[Subscriber, None] = {}
+        self.subscribers: dict[FrameSink, None] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.timer_deadline: float | None = None
 
@@ -87,7 +86,7 @@ class MemoryBroker(Broker):
             self._fan_out(topic, frames, now)
         self._arm(record.kernel_id, topic)
 
-    def attach(self, kernel_id: str, subscriber: Subscriber) -> int:
+    def attach(self, kernel_id: str, subscriber: FrameSink) -> int:
         topic = self._topics.get(kernel_id)
         if topic is None:
             raise KeyError(kernel_id)
@@ -108,7 +107,7 @@ class MemoryBroker(Broker):
             self._fan_out(topic, pending, asyncio.get_running_loop().time())
         return topic.head
 
-    def detach(self, kernel_id: str, subscriber: Subscriber) -> None:
+    def detach(self, kernel_id: str, subscriber: FrameSink) -> None:
         topic = self._topics.get(kernel_id)
         if topic is not None:
             topic.subscribers.pop(subscriber, None)
@@ -140,7 +139,7 @@ class MemoryBroker(Broker):
                     # the sequence number is spent, so the others must still get it.
                     self._isolate(topic, subscriber)
 
-    def _isolate(self, topic: _Topic, subscriber: Subscriber) -> None:
+    def _isolate(self, topic: _Topic, subscriber: FrameSink) -> None:
         self.isolated += 1
         self.log.exception("A subscriber failed during fan-out; closing it, the others go on")
         topic.subscribers.pop(subscriber, None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,22 +27,25 @@ from ..core.endings import (
     Ending,
     gateway_shutdown,
     kernel_shutdown,
+    lease_lost,
     server_error,
     slow_consumer,
 )
 from ..core.errors import SequenceAhead
 from ..core.frames import Frame, frames_from_records
 from ..core.handoff import ATTACH, LIVE, STOPPED, Handoff, HeldReply, Read, interleave
+from ..core.messages import Record
 from ..core.subscription import SubscriberQueue
-from ..stores.base import TranscriptStore
 
 if TYPE_CHECKING:
     from .base import Broker
 
 __all__ = [
     "ReplayLimits",
+    "ReplayPage",
     "Subscriber",
     "SubscriberRegistry",
+    "TranscriptReader",
     "Transport",
     "TransportClosed",
 ]
@@ -51,6 +54,44 @@ log = logging.getLogger(__name__)
 
 #: Records in the first page a replay reads: small, so the first one goes out at once.
 REPLAY_FIRST_PAGE = 500
+
+#: The endings :meth:`Subscriber.finish` sends, by reason (``kernel_shutdown`` otherwise).
+_ENDINGS: dict[str, Callable[[int], Ending]] = {
+    "gateway_shutdown": gateway_shutdown,
+    "lease_lost": lease_lost,
+}
+
+
+class ReplayPage(Protocol):
+    """What a replay needs of a page of the transcript (a store's ``TranscriptPage``)."""
+
+    @property
+    def records(self) -> list[Record]: ...
+
+    @property
+    def discarded(self) -> tuple[int, int] | None: ...
+
+    @property
+    def scanned(self) -> int: ...
+
+
+class TranscriptReader(Protocol):
+    """Where a subscriber replays from: the transcript store, seen as a reader (the
+    broker imports no store)."""
+
+    async def read(  # every filter passed: a replay states them all
+        self,
+        kernel_id: str,
+        since: int,
+        limit: int,
+        *,
+        until: int | None,
+        parent: str | None,
+        msg_types: Collection[str] | None,
+        marks: bool,
+        max_bytes: int | None,
+    ) -> ReplayPage:
+        """Up to ``limit`` records of ``kernel_id`` above ``since`` (see the store's)."""
 
 
 class TransportClosed(Exception):
@@ -173,7 +214,7 @@ class Subscriber:
         self,
         kernel_id: str,
         broker: Broker,
-        store: TranscriptStore,
+        store: TranscriptReader,
         transport: Transport,
         queue: SubscriberQueue,
         *,
@@ -370,13 +411,14 @@ class Subscriber:
         self.offer(frame, now)
 
     async def finish(self, reason: str, timeout: float, head: int | None) -> None:
-        """The kernel shut down at ``head`` (``kernel_shutdown``) or the gateway is
-        stopping (``gateway_shutdown``): send what is already queued, up to ``timeout``
-        seconds, then end the client's stream with that reason and its last seq. A
-        subscriber still catching up after its kernel shut down reads to ``head`` first."""
+        """The kernel shut down at ``head`` (``kernel_shutdown``), the gateway is stopping
+        (``gateway_shutdown``), or this node stopped recording the kernel (``lease_lost``):
+        send what is already queued, up to ``timeout`` seconds, then end the client's
+        stream with that reason and its last seq. A subscriber still catching up after its
+        kernel shut down reads to ``head`` first."""
         if self._closed:
             return
-        ending = gateway_shutdown if reason == "gateway_shutdown" else kernel_shutdown
+        ending = _ENDINGS.get(reason, kernel_shutdown)
         if not self.live and self._handoff is not None and reason == "kernel_shutdown":
             self._stopping = ending(0)  # the catch-up ends it, with its last seq
             self._final_head = head or 0

@@ -13,6 +13,9 @@ The modules: :mod:`.sse` parses Server-Sent Events, :mod:`.api` builds the reque
 reads the answers, :mod:`.resume` decides when and where a stream resumes,
 :mod:`.callbacks` routes an execution's events to the caller; all four are pure.
 :mod:`.aio` and :mod:`.sync` are the two thin clients that do the I/O.
+
+Imported by the ``kgs`` command line and by programs; it imports nothing of the gateway
+but :mod:`..core.errors` (it runs where the gateway does not).
 """
 
 from ..core.errors import (

@@ -8,10 +8,11 @@ The rules:
   (:class:`GatewayUnreachable`): a wrong URL or a stopped gateway is said in a second,
   not after a minute of retries.
 * Once the gateway has answered, a lost connection, a stream that ends without its last
-  event, a 502/503/504, or a ``gateway_shutdown`` event (the gateway is stopping; it may
-  come back) is resumed after a pause: exponential from ``first_delay``, capped at
-  ``max_delay``, each drawn between half and all of that ("equal jitter", so that clients
-  cut off together do not come back together).
+  event, a 502/503/504, a ``gateway_shutdown`` event (the gateway is stopping; it may
+  come back) or a ``lease_lost`` event (the node stopped recording the kernel: another
+  node records it now, or will) is resumed after a pause: exponential from
+  ``first_delay``, capped at ``max_delay``, each drawn between half and all of that
+  ("equal jitter", so that clients cut off together do not come back together).
 * The pauses of one outage count from its first failure; past ``give_up_after`` seconds
   (or ``max_attempts``), :class:`GatewayUnreachable` ends the stream. An outage ends when
   the stream makes progress: an event, or the gateway's keep-alive comment.
@@ -45,6 +46,7 @@ __all__ = ["Backoff", "Reconnect", "ResumableStream"]
 RESUME_EVENTS = {
     "slow_consumer": "the gateway dropped the stream as too slow a reader (slow_consumer)",
     "gateway_shutdown": "the gateway is shutting down (gateway_shutdown)",
+    "lease_lost": "the node stopped recording the kernel (lease_lost)",
 }
 #: Answers that a proxy gives while the gateway behind it restarts.
 RETRY_STATUSES = frozenset({502, 503, 504})

@@ -23,7 +23,7 @@ never reads the clock: ``now`` is passed in, and the adapter arms a timer for
 
 from __future__ import annotations
 
-from .frames import Frame
+from .frames import Frame, continues
 from .messages import Record
 
 __all__ = ["Coalescer"]
@@ -129,8 +129,7 @@ class Coalescer:
         message, other = last.message, record.message
         return (
             record.seq == last.seq + 1
-            and other.stream_name == message.stream_name
-            and other.parent_msg_id == message.parent_msg_id
+            and continues(message, other)
             and self._pending_bytes + other.size <= self.max_bytes
         )
 

@@ -2,9 +2,10 @@
 
 The fields are those of a Jupyter connection file (jupyter_client's ``connect.py``):
 ``ip``, ``transport`` (``tcp`` or ``ipc``), the five ``*_port``, ``key`` and
-``signature_scheme``. Anything else in a connection file (``kernel_name``, ``kernel_id``,
-jupyter_client's curve keys) is not connection info: curve-encrypted transports are
-refused, since the gateway's sockets do not speak CurveZMQ yet.
+``signature_scheme``, and the kernel's CurveZMQ key pair (``curve_publickey``,
+``curve_secretkey``: Z85 text, 40 characters each) when its transport is encrypted
+(jupyter_server's ``transport_encryption``). Anything else in a connection file
+(``kernel_name``, ``kernel_id``) is not connection info.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from .errors import InvalidConnectionInfo
 __all__ = ["PORT_NAMES", "check_connection_info"]
 
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+#: A CurveZMQ key in Z85 text.
+_Z85_KEY = 40
 _SCHEMES = ("hmac-sha256", "hmac-sha512", "hmac-sha384", "hmac-sha224", "hmac-md5", "hmac-sha1")
 
 
@@ -28,8 +31,6 @@ def check_connection_info(info: Any) -> dict[str, Any]:
     """
     if not isinstance(info, dict):
         raise InvalidConnectionInfo("connection_info must be a JSON object")
-    if info.get("curve_publickey") or info.get("curve_secretkey"):
-        raise InvalidConnectionInfo("curve-encrypted transports are not supported")
     transport = info.get("transport", "tcp")
     if transport not in ("tcp", "ipc"):
         raise InvalidConnectionInfo("transport must be 'tcp' or 'ipc'")
@@ -59,4 +60,13 @@ def check_connection_info(info: Any) -> dict[str, Any]:
         raise InvalidConnectionInfo(f"signature_scheme must be one of {', '.join(_SCHEMES)}")
     checked["key"] = key
     checked["signature_scheme"] = scheme
+    public, secret = info.get("curve_publickey"), info.get("curve_secretkey")
+    if public or secret:
+        for name, value in (("curve_publickey", public), ("curve_secretkey", secret)):
+            if not isinstance(value, str) or len(value) != _Z85_KEY or not value.isascii():
+                raise InvalidConnectionInfo(
+                    f"{name} must be a CurveZMQ key in Z85 ({_Z85_KEY} characters), "
+                    "given with the other"
+                )
+            checked[name] = value
     return checked

@@ -9,6 +9,8 @@ reason              close  when
 slow_consumer       4008   the client fell behind past its limit (DESIGN invariant 3)
 kernel_shutdown     1001   the kernel shut down (after what was queued for the client)
 gateway_shutdown    1001   the gateway is stopping (SIGTERM, SIGINT); it may come back
+lease_lost          1012   this node stopped recording the kernel (its lease ran out or was
+                           taken): resume on any node, this one included
 malformed_message   1007   the client sent a frame that is not a message (no last_seq)
 server_error        1011   the gateway failed to serve the client (a bug); resume elsewhere
 ==================  =====  ================================================================
@@ -29,10 +31,12 @@ __all__ = [
     "CLOSE_GOING_AWAY",
     "CLOSE_MALFORMED",
     "CLOSE_SERVER_ERROR",
+    "CLOSE_SERVICE_RESTART",
     "CLOSE_SLOW",
     "Ending",
     "gateway_shutdown",
     "kernel_shutdown",
+    "lease_lost",
     "malformed",
     "server_error",
     "slow_consumer",
@@ -41,6 +45,8 @@ __all__ = [
 CLOSE_GOING_AWAY = 1001
 CLOSE_MALFORMED = 1007
 CLOSE_SERVER_ERROR = 1011
+#: RFC 6455's registry: "Service Restart" (JupyterLab reconnects after it).
+CLOSE_SERVICE_RESTART = 1012
 CLOSE_SLOW = 4008
 
 
@@ -81,6 +87,10 @@ def kernel_shutdown(last_seq: int) -> Ending:
 
 def gateway_shutdown(last_seq: int) -> Ending:
     return Ending("gateway_shutdown", last_seq, CLOSE_GOING_AWAY)
+
+
+def lease_lost(last_seq: int) -> Ending:
+    return Ending("lease_lost", last_seq, CLOSE_SERVICE_RESTART)
 
 
 def malformed(message: str) -> Ending:

@@ -61,6 +61,7 @@ __all__ = [
     "KernelNotAnswering",
     "KernelNotOwned",
     "KernelOnAnotherNode",
+    "KernelStartFailed",
     "LocalError",
     "MalformedMessage",
     "MethodNotAllowed",
@@ -78,6 +79,7 @@ __all__ = [
     "UnknownKernelSpec",
     "UnsafeCluster",
     "UntrustedEntry",
+    "start_failure",
 ]
 
 
@@ -180,6 +182,20 @@ class UnknownKernel(LocalError):
     def __init__(self, kernel_id: str) -> None:
         super().__init__(f"no kernel or transcript with id {kernel_id!r}")
         self.kernel_id = kernel_id
+
+
+class KernelStartFailed(LocalError):
+    """The kernel's start failed (a pending kernel whose process never came up): it is
+    ``dead``, with the start's error as its reason. jupyter_server answers 500 too."""
+
+    status = 500
+    reason = "kernel_start_failed"
+
+
+def start_failure(error: BaseException) -> str:
+    """A failed kernel start's reason, in words (the error's text, its type if none)."""
+    text = str(error).strip() or type(error).__name__
+    return text[:500]
 
 
 class UnknownKernelSpec(LocalError):

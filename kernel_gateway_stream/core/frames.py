@@ -67,8 +67,7 @@ class Frame:
             and other.message.is_stream
             and self.last_seq is not None
             and other.first_seq == self.last_seq + 1
-            and self.message.parent_msg_id == other.message.parent_msg_id
-            and self.message.stream_name == other.message.stream_name
+            and continues(self.message, other.message)
         )
 
     @staticmethod
@@ -120,6 +119,19 @@ class Frame:
         return encode_legacy(self.channel, message, metadata, content)
 
 
+def continues(message: KernelMessage, other: KernelMessage) -> bool:
+    """True if stream message ``other``, next in the transcript after stream message
+    ``message``, may be merged into it: the same stream of the same request's output, and
+    neither recorded from a kernel's replay (see ``REPLAYED_METADATA_KEY``). The one rule
+    of the coalescer, the subscriber queues and replays."""
+    return (
+        other.stream_name == message.stream_name
+        and other.parent_msg_id == message.parent_msg_id
+        and not message.replayed
+        and not other.replayed
+    )
+
+
 def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
     """Turn transcript records into frames, merging consecutive stream records.
 
@@ -143,8 +155,7 @@ def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
                 other = following.message
                 if (
                     following.seq != previous + 1
-                    or other.stream_name != message.stream_name
-                    or other.parent_msg_id != message.parent_msg_id
+                    or not continues(message, other)
                     or run_bytes + other.size > max_bytes
                 ):
                     break

@@ -37,11 +37,20 @@ class DigestHistory:
             return False
         if signature in self._seen:
             return True
-        self._seen.add(signature)
-        self._order.append(signature)
+        self.add(signature)
+        return False
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._seen
+
+    def add(self, key: bytes) -> None:
+        """Remember ``key`` (the oldest is forgotten past ``size``)."""
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self._order.append(key)
         if len(self._order) > self.size:
             self._seen.discard(self._order.popleft())
-        return False
 
 
 def withhold_traceback(message: KernelMessage, replacement: str) -> KernelMessage:

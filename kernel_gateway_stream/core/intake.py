@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .marks import LIFECYCLE_STATES, SPOOL_MSG_TYPE
+from .marks import LIFECYCLE_STATES, REPLAY_MSG_TYPE, SPOOL_MSG_TYPE
 from .messages import KernelMessage
 
 __all__ = ["Accept", "Refuse", "Verdict", "check"]
@@ -46,10 +46,11 @@ ACCEPT = Accept()
 def check(message: KernelMessage, *, allow_spool: bool = False) -> Verdict:
     """Whether ``message``, from a kernel, may be recorded as the kernel's. With
     ``allow_spool`` (a ZMQ source of a kernel the gateway's launcher started), the
-    launcher's spool notice passes."""
+    launcher's spool notice and replay wrapper pass (what a wrapper holds is checked on
+    its own)."""
     msg_type = message.msg_type
     if msg_type.startswith(GATEWAY_PREFIX):
-        if allow_spool and msg_type == SPOOL_MSG_TYPE:
+        if allow_spool and msg_type in (SPOOL_MSG_TYPE, REPLAY_MSG_TYPE):
             return ACCEPT
         return Refuse(f"a message only the gateway writes ({msg_type[:80]})")
     if msg_type == "status" and message.execution_state in LIFECYCLE_STATES:

@@ -37,15 +37,18 @@ must learn that it will never finish, or that part of it is missing).
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from .messages import KernelMessage, Record
 
 __all__ = [
+    "ACK_PREFIX",
     "GAP_MSG_TYPE",
     "LIFECYCLE_MSG_TYPE",
     "LIFECYCLE_STATES",
     "MAX_CELL_ID",
+    "REPLAY_MSG_TYPE",
     "REQUEST_MSG_TYPE",
     "SPOOL_MSG_TYPE",
     "gap_message",
@@ -68,6 +71,16 @@ REQUEST_MSG_TYPE = "kernel_gateway_stream_request"
 #: held while nobody listened: ``{"held", "dropped"}`` (see :mod:`..kernel_launcher`). The
 #: Tap reads it and does not record it.
 SPOOL_MSG_TYPE = "kernel_gateway_stream_spool"
+#: What that launcher wraps each message it publishes again in (to a new subscriber: what
+#: it held, and what was not acknowledged as durable), so that no subscriber gets the same
+#: signed message twice (jupyter_client refuses a duplicate signature): content ``{}``,
+#: buffers the message's own frames from its signature on. The Tap unwraps it.
+REPLAY_MSG_TYPE = "kernel_gateway_stream_replay"
+#: The start of the frame a gateway sends that launcher upstream on IOPub (an XSUB to its
+#: XPUB) to say what is durable: then the HMAC of the payload with the kernel's key, a NUL,
+#: and the payload ``{"msg_id"}``: the last of the kernel's messages made durable. Neither
+#: a subscription (``\x01``) nor an unsubscription (``\x00``): any other XPUB ignores it.
+ACK_PREFIX = b"\x02kernel_gateway_stream_durable\x00"
 #: Longest cell id recorded (JupyterLab's are UUIDs; nbformat allows up to 64 characters).
 MAX_CELL_ID = 256
 
@@ -159,6 +172,18 @@ def gap_record(
     """A gap record, stored at ``last_seq`` and spanning the whole range."""
     message = gap_message(first_seq, last_seq, reason, date=date)
     return Record(kernel_id, last_seq, now, message, span=last_seq - first_seq + 1)
+
+
+def iso_date(seconds: float) -> str:
+    """A header date as kernels write them (ISO 8601, UTC), for ``seconds`` since the epoch
+    (given: the core reads no clock)."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
+
+
+def backlog_gap(kernel_id: str, first: int, last: int, now: float) -> Record:
+    """The gap record a store writes for records it could not keep (its backlog was full):
+    every store's ``PendingBuffer`` makes its gaps with this."""
+    return gap_record(kernel_id, first, last, "store_backlog_full", now=now, date=iso_date(now))
 
 
 def is_mark(message: KernelMessage) -> bool:

@@ -13,6 +13,7 @@ header, the parent header's ``msg_id`` and, for ``stream`` messages, the content
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import hmac
@@ -27,6 +28,7 @@ from .errors import BadSignature, InvalidMessage, MalformedMessage
 __all__ = [
     "DELIMITER",
     "INVALID_MSG_TYPE",
+    "REPLAYED_METADATA_KEY",
     "UNSTORED_MSG_TYPE",
     "KernelMessage",
     "Record",
@@ -45,6 +47,13 @@ DELIMITER = b"<IDS|MSG>"
 INVALID_MSG_TYPE = "kernel_gateway_stream_invalid"
 #: msg_type of the placeholder a store keeps for a record it could not write.
 UNSTORED_MSG_TYPE = "kernel_gateway_stream_unstored"
+#: Key set to true in the metadata of a message recorded from a kernel's replay (a kernel
+#: of the gateway's launcher publishes again what a gateway killed had not made durable,
+#: and some of it may have reached that gateway's clients already). Such a record is never
+#: merged with another, so that a gateway chained behind this one, which may have it
+#: already, can tell it by its msg_id.
+REPLAYED_METADATA_KEY = "kernel_gateway_stream_replayed"
+_REPLAYED_TAG = f'"{REPLAYED_METADATA_KEY}"'.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,19 @@ class KernelMessage:
     def is_stream(self) -> bool:
         return self.stream_name is not None
 
+    @property
+    def replayed(self) -> bool:
+        """True if it was recorded from a kernel's replay (see :data:`REPLAYED_METADATA_KEY`)."""
+        return _REPLAYED_TAG in self.raw_metadata
+
+    def marked_replayed(self) -> KernelMessage:
+        """This message with :data:`REPLAYED_METADATA_KEY` set in its metadata."""
+        if self.replayed:
+            return self
+        metadata = load_json_object(self.raw_metadata, "metadata")
+        metadata[REPLAYED_METADATA_KEY] = True
+        return dataclasses.replace(self, raw_metadata=dumps_json(metadata))
+
     def parts(self) -> list[bytes]:
         """The message parts after the signature, in wire order."""
         return [
@@ -97,6 +119,10 @@ class KernelMessage:
     def header(self) -> dict[str, Any]:
         """The parsed header (parsed on each call; the hot path never needs it)."""
         return load_json_object(self.raw_header, "header", from_kernel=True)
+
+    def parent_header(self) -> dict[str, Any]:
+        """The parsed parent header (parsed on each call)."""
+        return load_json_object(self.raw_parent_header, "parent_header", from_kernel=True)
 
     def content(self) -> dict[str, Any]:
         """The parsed content (parsed on each call). A message built with ``repair`` holds

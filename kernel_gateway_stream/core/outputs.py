@@ -15,7 +15,13 @@ of the last one:
 * ``update_display_data`` replaces the data of every output shown with its ``display_id``
   (in any cell);
 * ``execute_input`` gives the execution count; the ``idle`` status for the request, and the
-  gateway's lifecycle marks, end it (the same rules as :class:`.executions.SummaryBuilder`).
+  gateway's lifecycle marks, end it (the same rules as :class:`.executions.SummaryBuilder`);
+* output an ipywidgets ``Output`` widget captures (``with out: print(...)``) belongs to the
+  widget, not to the cell: while a widget's state names a request in its ``msg_id`` (the
+  kernel says so in a ``comm_msg`` ``update``, and clears it when the capture ends), the
+  outputs of that request are left out, as JupyterLab's output area hands them to the
+  widget (a message hook on that request); the widget's own model, which the kernel keeps,
+  shows them again after a reload.
 
 Which cell ran which request comes from the gateway's request marks
 (:func:`.marks.request_mark`): JupyterLab puts the cell's id in each ``execute_request``'s
@@ -36,6 +42,16 @@ from .marks import GAP_MSG_TYPE, MAX_CELL_ID, REQUEST_MSG_TYPE, is_terminal, mar
 from .messages import KernelMessage, Record
 
 __all__ = ["CellRestorer", "ExecutionOutputs", "StreamText", "cell_request", "fold_text"]
+
+#: Comm messages that can start or end an Output widget's capture.
+CAPTURE_MSG_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
+#: What an Output widget takes from the request it captures (JupyterLab's output area
+#: would have shown it in the cell).
+CAPTURED_MSG_TYPES = frozenset(
+    {"stream", "display_data", "execute_result", "error", "clear_output", "update_display_data"}
+)
+#: Output widgets capturing at once that are remembered (a kernel's own choice: bounded).
+MAX_CAPTURES = 1000
 
 
 def cell_request(parts: list[bytes]) -> tuple[str, str] | None:
@@ -256,6 +272,8 @@ class CellRestorer:
         self._running: dict[str, ExecutionOutputs] = {}
         #: Outputs shown with a display_id, in any cell: display_id -> outputs.
         self._displays: dict[str, list[dict[str, Any]]] = {}
+        #: Output widgets capturing a request's output now: comm_id -> request msg_id.
+        self._captures: dict[str, str] = {}
         self.truncated = False
 
     def feed(self, records: Iterable[Record]) -> None:
@@ -266,13 +284,41 @@ class CellRestorer:
             if kind == REQUEST_MSG_TYPE:
                 self._request(message, record.seq)
                 continue
+            if kind in CAPTURE_MSG_TYPES:
+                self._capture(message)
             execution = self._running.get(message.parent_msg_id or "")
             if execution is not None:
+                if kind in CAPTURED_MSG_TYPES and self._captured(message.parent_msg_id):
+                    continue  # the Output widget's, not the cell's
                 self._feed(execution, message, record)
             elif kind == GAP_MSG_TYPE or (kind == "status" and is_terminal(message)):
                 self._mark(record)
             elif kind == "update_display_data":
                 self._update_display(message)  # from an execution of no cell we know
+
+    def _capture(self, message: KernelMessage) -> None:
+        """A comm message: an Output widget starts or stops capturing a request's output
+        (``{"method": "update", "state": {"msg_id": ...}}``), or a widget is closed."""
+        if message.msg_type == "comm_msg" and b'"msg_id"' not in message.raw_content:
+            return  # most widget traffic: read no further
+        content = message.content()
+        comm_id = content.get("comm_id")
+        if not isinstance(comm_id, str):
+            return
+        data = content.get("data")
+        state = data.get("state") if isinstance(data, dict) else None
+        if message.msg_type == "comm_close":
+            self._captures.pop(comm_id, None)
+        elif isinstance(state, dict) and isinstance(state.get("msg_id"), str):
+            if state["msg_id"]:
+                self._captures[comm_id] = state["msg_id"]
+                if len(self._captures) > MAX_CAPTURES:  # widgets never closed: the oldest
+                    del self._captures[next(iter(self._captures))]
+            else:
+                self._captures.pop(comm_id, None)
+
+    def _captured(self, msg_id: str | None) -> bool:
+        return bool(self._captures) and msg_id in self._captures.values()
 
     def _request(self, message: KernelMessage, seq: int) -> None:
         content = message.content()

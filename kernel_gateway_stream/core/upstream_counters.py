@@ -19,15 +19,23 @@ message sent to another client of the upstream. The rules, in order:
    seconds and ``settle`` more messages have arrived since, or for ``quiet_window``
    seconds whatever came after; and never while late numbers are still filling holes (one
    filled less than ``window`` seconds ago): a kernel started by the gateway's launcher
-   holds IOPub output while its PUB socket is full and sends it later, behind newer
-   messages, thousands of numbers late.
+   holds IOPub output while no subscriber listens and sends it later, behind newer
+   messages, thousands of numbers late. A hole below an ``idle`` status is *closed*:
+   ipykernel flushes an execution's output before it publishes its ``idle``, so what is
+   still missing below it can only be a reply on its way on another channel, and it is
+   judged once it has been missing for ``window`` seconds, however few messages came
+   after (the adapter holds the ``idle`` back meanwhile, :meth:`CounterWatch.holds`, so
+   the gap record comes before the execution's end).
 2. **Other clients.** A request the gateway did not send (another client of the upstream,
    or the upstream server's own ``kernel_info_request``) shows on IOPub as ``busy`` and
    ``idle`` statuses with that request as parent; its reply is numbered between the two
    and goes to the other client. So each such request explains one hole between its
    ``busy`` and its ``idle`` (or after its ``busy`` while its ``idle`` has not come). An
-   ``execute_request`` may also send ``input_request`` to its client: holes beyond the
-   first in its span are lost, but the count is only an upper bound.
+   ``idle`` whose ``busy`` the gateway did not see (it came before the counter was
+   watched: the upstream nudges the kernel on shell and control at once when the
+   gateway's WebSocket connects, as the gateway does) spans from the first number
+   watched. An ``execute_request`` may also send ``input_request`` to its client: holes
+   beyond the first in its span are lost, but the count is only an upper bound.
 3. **Judgement.** Holes still missing and not explained are reported, all those judged at
    one :meth:`CounterWatch.poll` together, as one :class:`Lost` (``count``, and ``bound``
    when rule 2 may explain part of it).
@@ -36,11 +44,17 @@ message sent to another client of the upstream. The rules, in order:
    statuses), numbered by *its* session, whose counter its other connections share. So
    a session is watched only once a reply to a request the gateway sent came from it
    (the kernel answers; the Tap nudges with a ``kernel_info_request`` when it connects
-   and after a restart): numbers of any other session are ignored. A restart brings a
-   new session; the two newest are watched.
+   and after a restart): numbers of any other session are ignored. The latest
+   ``MAX_EARLY`` messages of a session not yet watched are kept, and those numbered
+   above the reply that makes it watched are counted then (the reply's own ``busy`` and
+   ``idle`` often come before it). A restart brings a new session; the two newest are
+   watched.
 5. **Bounds.** At most ``max_holes`` runs of holes and ``max_spans`` request spans are
    kept per session; past them the oldest are judged at once. Numbers below the first
-   one seen are ignored (the gateway came late). :meth:`CounterWatch.reset` forgets every
+   IOPub message received once the session is watched are ignored: the gateway came
+   late, or the upstream's subscription to a restarted kernel was not live yet (its
+   first answers to the gateway's nudge come on shell, and the statuses around them
+   never reach any client). :meth:`CounterWatch.reset` forgets every
    session (the connection dropped: that loss is the reconnection's own gap record).
 
 A kernel whose ``msg_id`` does not follow jupyter_client's form is not watched.
@@ -49,13 +63,18 @@ A kernel whose ``msg_id`` does not follow jupyter_client's form is not watched.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 __all__ = ["CounterWatch", "Lost", "parse_counter"]
 
 #: Sessions watched at once: the kernel's, and the one before its last restart.
 MAX_SESSIONS = 2
+#: Messages of a session not yet watched kept, to be counted once it is (rule 4).
+MAX_EARLY = 256
+#: A message of a session not yet watched: number, parent msg_id and type, execution
+#: state, and whether it came on IOPub.
+_Early = tuple[int, str | None, str | None, str | None, bool]
 _COUNTED = re.compile(r"^(?P<key>.{8,}?)_(?P<n>[0-9]{1,18})$")
 
 
@@ -89,6 +108,8 @@ class _Hole:
     noticed: float
     #: Messages received when it was noticed (for ``settle``).
     received: int
+    #: An ``idle`` numbered above it has come (rule 1): due after ``window`` alone.
+    closed: bool = False
 
     @property
     def size(self) -> int:
@@ -109,6 +130,10 @@ class _Span:
 class _Session:
     key: str
     high: int
+    #: The first number watched.
+    first: int
+    #: Whether an IOPub message has come since (numbers count from it: rule 5).
+    started: bool = False
     holes: list[_Hole] = field(default_factory=list)
     spans: OrderedDict[str, _Span] = field(default_factory=OrderedDict)
     #: Numbers above ``high`` received on shell, control or stdin.
@@ -146,6 +171,8 @@ class CounterWatch:
         self._forced: list[tuple[int, bool, int, int]] = []
         #: When a late number last filled a hole (reordering still under way).
         self._last_fill = float("-inf")
+        #: Messages of sessions not (yet) watched, the latest ``MAX_EARLY`` of each.
+        self._early: OrderedDict[str, deque[_Early]] = OrderedDict()
 
     def sent(self, msg_id: str) -> None:
         """The gateway sent request ``msg_id`` upstream: its reply comes to it."""
@@ -155,6 +182,7 @@ class CounterWatch:
 
     def reset(self) -> None:
         self._sessions.clear()
+        self._early.clear()
         self._forced = []
 
     def saw(
@@ -176,16 +204,42 @@ class CounterWatch:
         session = self._sessions.get(key)
         if session is None:
             if iopub or parent_msg_id is None or parent_msg_id not in self._sent:
-                return  # not (yet) known to be the kernel's counter (rule 4)
+                # Not (yet) known to be the kernel's counter (rule 4). Kept a while: the
+                # status messages of the very reply that makes it known may come first.
+                early = self._early.get(key)
+                if early is None:
+                    early = self._early[key] = deque(maxlen=MAX_EARLY)
+                early.append((number, parent_msg_id, parent_msg_type, execution_state, iopub))
+                self._early.move_to_end(key)
+                while len(self._early) > MAX_SESSIONS:
+                    self._early.popitem(last=False)
+                return
             # The kernel answered the gateway: its first message the gateway watches, or a
             # restart's new session.
-            session = self._sessions[key] = _Session(key, number)
+            session = self._sessions[key] = _Session(key, number, number)
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
             self.received += 1
+            for early_number, parent, parent_type, state, on_iopub in self._early.pop(key, ()):
+                if early_number > number:
+                    self.saw(
+                        f"{key}_{early_number}",
+                        now,
+                        parent_msg_id=parent,
+                        parent_msg_type=parent_type,
+                        execution_state=state,
+                        iopub=on_iopub,
+                    )
             return
         self.received += 1
-        if number <= session.high:
+        if iopub and not session.started:
+            # IOPub is live from here: no hole below (rule 5).
+            session.started = True
+            if number > session.high:
+                session.ahead = {n for n in session.ahead if n > number}
+                session.high = number
+            session.first = session.high
+        elif number <= session.high:
             if self._fill(session, number):
                 self._last_fill = now
         elif not iopub:
@@ -194,6 +248,10 @@ class CounterWatch:
         else:
             self._reveal(session, number, now)
             session.high = number
+        if iopub and execution_state == "idle":
+            for hole in session.holes:
+                if hole.last < number:
+                    hole.closed = True
         if execution_state in ("busy", "idle") and parent_msg_id:
             self._span(session, number, parent_msg_id, parent_msg_type, execution_state)
 
@@ -218,9 +276,13 @@ class CounterWatch:
             if hole.first <= number <= hole.last:
                 pieces = []
                 if hole.first < number:
-                    pieces.append(_Hole(hole.first, number - 1, hole.noticed, hole.received))
+                    pieces.append(
+                        _Hole(hole.first, number - 1, hole.noticed, hole.received, hole.closed)
+                    )
                 if number < hole.last:
-                    pieces.append(_Hole(number + 1, hole.last, hole.noticed, hole.received))
+                    pieces.append(
+                        _Hole(number + 1, hole.last, hole.noticed, hole.received, hole.closed)
+                    )
                 session.holes[index : index + 1] = pieces
                 return True
         return False
@@ -243,6 +305,11 @@ class CounterWatch:
                     session.spans.popitem(last=False)
         elif span is not None:
             span.idle = number if span.idle is None else max(span.idle, number)
+        elif number > session.first:
+            # Its busy came before the counter was watched (or was lost: a hole itself).
+            session.spans[parent] = _Span(session.first, number, parent_type == "execute_request")
+            while len(session.spans) > self.max_spans:
+                session.spans.popitem(last=False)
 
     def _force(self, session: _Session, hole: _Hole) -> None:
         explained, bound = self._explain(session, hole)
@@ -284,7 +351,7 @@ class CounterWatch:
             keep = []
             for hole in session.holes:
                 waited = now - hole.noticed
-                settled = self.received - hole.received >= self.settle
+                settled = hole.closed or self.received - hole.received >= self.settle
                 due = (waited >= self.window and settled) or waited >= self.quiet_window
                 if due and not reordering:
                     explained, bound = self._explain(session, hole)
@@ -309,10 +376,39 @@ class CounterWatch:
         """When :meth:`poll` may next have something to judge with no message arriving."""
         if self._forced:
             return 0.0
-        noticed = [hole.noticed for session in self._sessions.values() for hole in session.holes]
-        if not noticed:
+        due = [
+            hole.noticed + (self.window if hole.closed else self.quiet_window)
+            for session in self._sessions.values()
+            for hole in session.holes
+        ]
+        if not due:
             return None
-        return max(min(noticed) + self.quiet_window, self._last_fill + self.window)
+        return max(min(due), self._last_fill + self.window)
+
+    def holds(self, msg_id: str) -> bool:
+        """Whether IOPub message ``msg_id`` (an ``idle`` the adapter received) has numbers
+        missing below it and not yet judged: recorded before them, it would end its
+        execution before the gap record that may belong to it."""
+        counted = parse_counter(msg_id)
+        if counted is None:
+            return False
+        session = self._sessions.get(counted[0])
+        return session is not None and any(hole.first < counted[1] for hole in session.holes)
+
+    def judge_below(self, msg_id: str) -> None:
+        """Judge now, at the next :meth:`poll`, every hole below ``msg_id``'s number
+        (the adapter can hold no more behind it, or must hand over what it holds)."""
+        counted = parse_counter(msg_id)
+        session = None if counted is None else self._sessions.get(counted[0])
+        if counted is None or session is None:
+            return
+        keep = []
+        for hole in session.holes:
+            if hole.first < counted[1]:
+                self._force(session, hole)
+            else:
+                keep.append(hole)
+        session.holes = keep
 
     @property
     def pending(self) -> int:

@@ -73,7 +73,7 @@ class CellsHandler(ServicesMixin, APIHandler):
         since = parse_seq("since", self.get_argument("since", None)) or 0
         store = self.services.store
         # Cut: a page applying live frames above the head answered shows none twice.
-        head = await self.readable_head(kernel_id, since, cut=True)
+        head = (await self.services.locate(kernel_id, since, cut=True)).head
         restarts = [
             mark.seq
             for mark in await store.marks(kernel_id, 0)

@@ -39,7 +39,7 @@ from traitlets import default
 
 from ..broker.subscriber import Subscriber, TransportClosed
 from ..core.endings import Ending, malformed
-from ..core.errors import LocalError, MalformedMessage, SequenceAhead, UnknownKernel
+from ..core.errors import LocalError, MalformedMessage
 from ..core.frames import Frame
 from ..core.messages import Signer
 from ..core.outputs import cell_request
@@ -366,11 +366,7 @@ class ChannelsHandler(KernelWebsocketHandler):
             raise web.HTTPError(403)
         try:
             self.since = parse_seq("since", self.get_argument("since", None))
-            if not await services.known(kernel_id, self.kernel_manager):
-                raise UnknownKernel(kernel_id)
-            tap = await services.taps.ensure(kernel_id)
-            if self.since is not None and self.since > tap.head:
-                raise SequenceAhead(self.since, tap.head)
+            await services.locate(kernel_id, self.since, running=True)
         except LocalError as error:
             self.set_status(error.status)
             self.set_header("Content-Type", "application/json")

@@ -25,18 +25,22 @@ from ..broker.base import Broker
 from ..broker.subscriber import ReplayLimits, SubscriberRegistry
 from ..core.errors import (
     BadRequest,
+    KernelStartFailed,
     LocalError,
     MethodNotAllowed,
     PayloadTooLarge,
     SequenceAhead,
     UnknownKernel,
+    start_failure,
 )
 from ..core.frames import Frame, SharedMerges
 from ..core.health import ComponentHealth
 from ..core.messages import KernelMessage, load_json_object
 from ..core.subscription import SubscriberQueue
+from ..kernels.base import start_of
+from ..recording.recorder import KernelRecorder
+from ..recording.registry import RecorderRegistry
 from ..stores.base import TranscriptStore
-from ..tap import TapManager
 from .sessions import SessionRegistry
 
 if TYPE_CHECKING:
@@ -45,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SETTINGS_KEY",
+    "KernelLocation",
     "QueuePolicy",
     "Services",
     "ServicesMixin",
@@ -75,13 +80,29 @@ class QueuePolicy:
     merge_max_bytes: int = 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class KernelLocation:
+    """Where a kernel stands for one request (see :meth:`Services.locate`)."""
+
+    kernel_id: str
+    #: The transcript's head: the recorder's while the kernel runs, else the store's.
+    head: int
+    #: The kernel's recorder (or follower) while it runs; None for a kernel that ended
+    #: and left its transcript.
+    recorder: KernelRecorder | None
+
+    @property
+    def running(self) -> bool:
+        return self.recorder is not None
+
+
 @dataclass
 class Services:
     """What the application hands its handlers, under ``settings[SETTINGS_KEY]``."""
 
     store: TranscriptStore
     broker: Broker
-    taps: TapManager
+    taps: RecorderRegistry
     sessions: SessionRegistry
     executions: ExecutionManager
     attacher: KernelAttacher
@@ -105,10 +126,82 @@ class Services:
     #: With several nodes, this node's :class:`~kernel_gateway_stream.cluster.ClusterNode`.
     cluster: Any = None
 
-    async def known(self, kernel_id: str, kernel_manager: Any) -> bool:
-        """Whether ``kernel_id`` is a kernel of the gateway's; while the kernels an earlier
+    async def locate(
+        self,
+        kernel_id: str,
+        since: int | None = None,
+        *,
+        running: bool = False,
+        cut: bool = False,
+    ) -> KernelLocation:
+        """The one answer, for every surface, to "is this kernel known, and where is its
+        head". A kernel the kernel manager runs (waited for as :meth:`known` says) has its
+        recorder, started if need be, and the recorder's head (``cut``: and what the
+        broker's coalescer holds goes out now, so every later frame lies wholly above the
+        head); a kernel that ended has its transcript's head, unless ``running`` is asked.
+
+        Raises:
+            UnknownKernel: no such kernel (running, with ``running``; or with a transcript).
+            SequenceAhead: ``since`` is past the head.
+        """
+        recorder: KernelRecorder | None = None
+        if await self.known(kernel_id):
+            await self.started(kernel_id)
+            try:
+                recorder = await self.taps.ensure(kernel_id)
+            except UnknownKernel:
+                # Shut down between the two questions: what it recorded is still read.
+                if running:
+                    raise
+        if recorder is not None:
+            head = recorder.head
+            if cut:
+                head = self.broker.cut(kernel_id) or head
+        elif running:
+            raise UnknownKernel(kernel_id)
+        else:
+            info = await self.store.info(kernel_id)
+            if info is None:
+                raise UnknownKernel(kernel_id)
+            head = info.head
+        if since is not None and since > head:
+            raise SequenceAhead(since, head)
+        return KernelLocation(kernel_id, head, recorder)
+
+    async def started(self, kernel_id: str) -> None:
+        """Wait for a kernel still starting (jupyter_server's pending kernels) as
+        jupyter_server's own WebSocket does.
+
+        Raises:
+            KernelStartFailed: its start failed; the kernel is ``dead``, with the reason.
+        """
+        try:
+            kernel = self.taps.kernel_manager.get_kernel(kernel_id)
+        except KeyError:
+            return
+        waited = start_of(kernel)
+        if waited is None:
+            return
+        pending = getattr(self.taps.kernel_manager, "_pending_kernels", {})
+        if not waited.done() and kernel_id not in pending:
+            # Not a start under way: a kernel manager that never settles its future (an
+            # upstream gateway's), or one started some other way.
+            return
+        try:
+            await asyncio.shield(waited)
+        except asyncio.CancelledError:
+            if waited.cancelled():
+                return
+            raise
+        except Exception as error:
+            raise KernelStartFailed(start_failure(error)) from error
+
+    async def known(self, kernel_id: str) -> bool:
+        """Whether ``kernel_id`` is a kernel the gateway runs; while the kernels an earlier
         run left are being re-attached (just after a restart), an unknown one is waited
-        for, so a client reconnecting at once does not hear that its kernel is gone."""
+        for, so a client reconnecting at once does not hear that its kernel is gone; with
+        several nodes, one started on another node a moment ago is joined now."""
+        kernel_manager = self.taps.kernel_manager
         if kernel_id in kernel_manager:
             return True
         if self.recovering.is_set() and not self.recovered.is_set():
@@ -145,12 +238,20 @@ class Services:
         )
 
     def kernel_closed(self, kernel_id: str, head: int) -> None:
-        """TapManager ``on_close``: the kernel shut down at ``head``. Its sessions close;
+        """RecorderRegistry ``on_close``: the kernel shut down at ``head``. Its sessions close;
         each client gets what was queued for it (a client still catching up, what is left
         up to ``head``), then ``kernel_shutdown``."""
         self.sessions.close_kernel(kernel_id)
         for subscriber in self.subscribers.of(kernel_id):
             self._finish(subscriber.finish("kernel_shutdown", END_DRAIN_SECONDS, head))
+
+    def kernel_lease_lost(self, kernel_id: str, head: int) -> None:
+        """RecorderRegistry ``on_lease_lost``: this node stopped recording ``kernel_id``
+        (its lease ran out or was taken) and follows it from ``head``. Each client gets what
+        was queued for it (all of it written: see :mod:`..core.committed`), then
+        ``lease_lost`` with its last seq, to resume from on any node."""
+        for subscriber in self.subscribers.of(kernel_id):
+            self._finish(subscriber.finish("lease_lost", END_DRAIN_SECONDS, head))
 
     async def gateway_stopping(self, timeout: float) -> None:
         """Every client gets what is queued for it, then ``gateway_shutdown`` with the last
@@ -193,26 +294,6 @@ class ServicesMixin:
     def services(self) -> Services:
         services: Services = self.settings[SETTINGS_KEY]
         return services
-
-    async def readable_head(self, kernel_id: str, since: int, *, cut: bool = False) -> int:
-        """The head of ``kernel_id``'s transcript, for a read from ``since``: its Tap's
-        while it runs (``cut``: and what the broker's coalescer holds goes out now, so
-        every later frame lies wholly above it), else the store's. Raises
-        :class:`UnknownKernel` for a kernel neither knows, :class:`SequenceAhead` for a
-        ``since`` past the head."""
-        handler: Any = self
-        if kernel_id in handler.kernel_manager:
-            head = (await self.services.taps.ensure(kernel_id)).head
-            if cut:
-                head = self.services.broker.cut(kernel_id) or head
-        else:
-            info = await self.services.store.info(kernel_id)
-            if info is None:
-                raise UnknownKernel(kernel_id)
-            head = info.head
-        if since > head:
-            raise SequenceAhead(since, head)
-        return head
 
     def write_error_json(self, error: LocalError) -> None:
         """Finish the request with ``error``'s status and ``{"reason", "message"}``."""

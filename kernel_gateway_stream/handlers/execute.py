@@ -27,7 +27,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..core.endings import server_error
-from ..core.errors import BadRequest, LocalError, NoInputPending, UnknownExecution, UnknownKernel
+from ..core.errors import BadRequest, LocalError, NoInputPending, UnknownExecution
 from ..core.executions import UNFINISHED, EncodedSummary, ExecutionSummary
 from ..core.frames import Frame, frames_from_records
 from ..core.marks import is_mark
@@ -129,7 +129,7 @@ class ExecutionEventsHandler(_ExecutionStream):
                 self._streaming = True
                 self.finish(self.done_event(summary, summary.last_seq))
                 return
-            if kernel_id not in self.kernel_manager:
+            if not (await self.services.locate(kernel_id)).running:
                 await self._from_transcript(kernel_id, msg_id, since or 0, summary)
                 return
             await self.stream_execution(kernel_id, msg_id, since)
@@ -175,8 +175,7 @@ class ExecuteHandler(LimitedBodyMixin, _ExecutionStream):  # type: ignore[misc]
             if not isinstance(allow_stdin, bool) or not isinstance(stop_on_error, bool):
                 raise BadRequest("'allow_stdin' and 'stop_on_error' must be booleans")
             timeout = parse_timeout(body.get("timeout"))
-            if kernel_id not in self.kernel_manager:
-                raise UnknownKernel(kernel_id)
+            await self.services.locate(kernel_id, running=True)
             msg_id = await self.executions.execute(
                 kernel_id,
                 code,
@@ -205,9 +204,7 @@ class ExecutionHandler(_ExecutionsMixin, ServicesMixin, APIHandler):
     @requires(KERNEL_ACTION)
     async def get(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
         try:
-            running = kernel_id in self.kernel_manager
-            if not running and await self.services.store.info(kernel_id) is None:
-                raise UnknownKernel(kernel_id)
+            await self.services.locate(kernel_id)
         except LocalError as error:
             self.write_error_json(error)
             return
@@ -254,8 +251,7 @@ class ExecutionInputHandler(  # type: ignore[misc]  # prepare: as APIHandler's
             value = json_body(self).get("value")
             if not isinstance(value, str):
                 raise BadRequest("'value' (a string) is required")
-            if kernel_id not in self.kernel_manager:
-                raise UnknownKernel(kernel_id)
+            await self.services.locate(kernel_id, running=True)
             if not self.executions.answer(kernel_id, msg_id, value):
                 raise NoInputPending(f"execution {msg_id!r} is not waiting for input")
         except LocalError as error:
@@ -275,6 +271,7 @@ class ExecutionInterruptHandler(  # type: ignore[misc]  # prepare: as APIHandler
     async def post(self, kernel_id: str, msg_id: str) -> None:  # type: ignore[override]
         try:
             json_body(self)  # (none expected; a huge one is still refused)
+            await self.services.locate(kernel_id, running=True)
             await self.executions.interrupt(kernel_id, msg_id)
         except LocalError as error:
             self.write_error_json(error)

@@ -38,9 +38,11 @@ from ..core.errors import (
     InvalidKernelId,
     KernelExists,
     KernelOnAnotherNode,
+    KernelStartFailed,
     LocalError,
     PathOutsideRoot,
     UnknownKernelSpec,
+    start_failure,
 )
 from .common import LimitedBodyMixin, ServicesMixin, json_body, requires
 
@@ -100,6 +102,10 @@ class AttachingKernelsHandler(LimitedBodyMixin, ServicesMixin, MainKernelHandler
                     display_name=display_name[:200],
                 )
             else:
+                if not name:
+                    # In front of an upstream gateway, its own default.
+                    upstream_default = getattr(km, "upstream_default", None)
+                    name = await upstream_default() if upstream_default else None
                 name = name or km.default_kernel_name
                 if not _KERNEL_NAME.fullmatch(name) or name in (".", ".."):
                     # jupyter_client looks the name up as a directory under each kernel
@@ -112,6 +118,10 @@ class AttachingKernelsHandler(LimitedBodyMixin, ServicesMixin, MainKernelHandler
                     )
                 except NoSuchKernel as error:
                     raise UnknownKernelSpec(f"no kernelspec named {name[:100]!r}") from error
+                except (web.HTTPError, LocalError):
+                    raise
+                except Exception as error:  # its process could not start: say why
+                    raise KernelStartFailed(start_failure(error)) from error
         except LocalError as error:
             self.write_error_json(error)
             return
@@ -173,7 +183,7 @@ class DetachingKernelHandler(ServicesMixin, KernelHandler):  # type: ignore[misc
     @web.authenticated
     @requires("read")
     async def get(self, kernel_id: str) -> None:  # type: ignore[override]
-        await self.services.known(kernel_id, self.kernel_manager)
+        await self.services.known(kernel_id)
         model = tap_model(self, kernel_id)
         if model is None:
             model = await ensure_async(self.kernel_manager.kernel_model(kernel_id))

@@ -28,11 +28,10 @@ import asyncio
 from typing import Any, Protocol
 
 from ..core.frames import Frame
-from ..core.guards import withhold_traceback
 from ..core.handoff import HeldReply
 from ..core.messages import KernelMessage, Signer
 from ..kernels.base import KernelChannels
-from ..tap import KernelTap
+from ..recording.recorder import KernelRecorder
 
 __all__ = ["KernelSession", "SessionRegistry"]
 
@@ -50,7 +49,7 @@ class ReplyReceiver(Protocol):
 class KernelSession:
     """One client session's channels to one kernel. Made by :class:`SessionRegistry`."""
 
-    def __init__(self, key: str, tap: KernelTap, registry: SessionRegistry) -> None:
+    def __init__(self, key: str, tap: KernelRecorder, registry: SessionRegistry) -> None:
         self.key = key
         self.tap = tap
         self.registry = registry
@@ -99,9 +98,7 @@ class KernelSession:
             self.close()
 
     def _on_reply(self, channel: str, message: KernelMessage) -> None:
-        manager = self.tap.manager
-        if not manager.tracebacks_allowed:
-            message = withhold_traceback(message, manager.traceback_replacement)
+        message = self.tap.policy.screen(message)
         frame = Frame.reply(channel, message)
         if self.receiver is not None:
             self.receiver.deliver(frame)
@@ -153,7 +150,7 @@ class SessionRegistry:
         #: Sessions closed before their grace ended because of ``max_away``.
         self.evicted = 0
 
-    def get(self, tap: KernelTap, session_id: str) -> KernelSession:
+    def get(self, tap: KernelRecorder, session_id: str) -> KernelSession:
         key = f"{tap.kernel_id}:{session_id}"
         session = self._sessions.get(key)
         if session is None or session.tap is not tap:

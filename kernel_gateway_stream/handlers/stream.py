@@ -27,7 +27,7 @@ from tornado.iostream import StreamClosedError
 
 from ..broker.subscriber import Subscriber, TransportClosed
 from ..core.endings import Ending
-from ..core.errors import LocalError, SequenceAhead, UnknownKernel
+from ..core.errors import LocalError
 from ..core.frames import Frame
 from ..core.wire import Protocol
 from .common import (
@@ -106,12 +106,8 @@ class SSEHandler(ServicesMixin, APIHandler):
         parent: str | None,
         msg_types: frozenset[str] | None,
     ) -> Subscriber:
-        if kernel_id not in self.kernel_manager:
-            raise UnknownKernel(kernel_id)
-        tap = await self.services.taps.ensure(kernel_id)
-        if since is not None and since > tap.head:
-            raise SequenceAhead(since, tap.head)
         services = self.services
+        await services.locate(kernel_id, since, running=True)
         queue = services.new_queue(since or 0, parent=parent, msg_types=msg_types)
         self.subscriber = Subscriber(
             kernel_id,

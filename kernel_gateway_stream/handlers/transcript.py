@@ -51,10 +51,9 @@ class TranscriptHandler(ServicesMixin, APIHandler):
         parent = self.get_argument("parent", None) or None
         msg_types = [name for value in self.get_arguments("msg_type") for name in value.split(",")]
         store = self.services.store
-        running = kernel_id in self.kernel_manager
-        head = await self.readable_head(kernel_id, since)
+        location = await self.services.locate(kernel_id, since)
         if output == "text":
-            await self._text(kernel_id, since, head, parent)
+            await self._text(kernel_id, since, location.head, parent)
             return
         page = await store.read(
             kernel_id,
@@ -64,7 +63,7 @@ class TranscriptHandler(ServicesMixin, APIHandler):
             msg_types=msg_types or None,
             max_bytes=PAGE_BYTES,
         )
-        self._json(kernel_id, page, since, running)
+        self._json(kernel_id, page, since, location.running)
 
     def _json(self, kernel_id: str, page: TranscriptPage, since: int, running: bool) -> None:
         next_since = page.records[-1].seq if page.records else max(since, page.first_seq - 1)

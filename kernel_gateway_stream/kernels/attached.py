@@ -9,7 +9,9 @@ so it is listed in ``/api/kernels`` and works on every surface, tapped like any 
 What differs from a kernel the gateway started:
 
 * **Interrupt** is an ``interrupt_request`` on control (there is no process to signal),
-  unless the gateway started the kernel itself and it still runs on this host.
+  unless the gateway started the kernel itself and its process still runs on this host,
+  known by its command line (a kernel re-attached from a network namespace or a sandbox is
+  interrupted by message too).
 * **Restart** is refused (409 ``kernel_not_owned``): only the kernel's owner can start it
   again.
 * **DELETE detaches**: the kernel runs on and can be attached again, its transcript
@@ -154,6 +156,14 @@ class AttachedProvisioner(KernelProvisionerBase):
         info["key"] = info["key"].encode()  # type: ignore[typeddict-item]
         return info
 
+    @property
+    def signals_reach(self) -> bool:
+        """True if signals reach the kernel: the gateway started it on this host and its
+        process still runs, known by its command line naming the kernel's id. A kernel
+        started in a network namespace or a sandbox is not (its command line names a copy
+        of its connection file): it is interrupted by message, as an attached one."""
+        return self._local_pid() is not None
+
     def _local_pid(self) -> int | None:
         pid = self.attachment.pid
         if pid and self.kernel_id and process_is(pid, self.kernel_id):
@@ -202,7 +212,7 @@ class AttachedProvisioner(KernelProvisionerBase):
 class AttachedKernelManager(StreamKernelManager):
     """A kernel manager for a kernel reached by connection info (see the module docstring).
 
-    Made by :meth:`..local.StreamMappingKernelManager.pre_start_kernel` when a start names
+    Made by :meth:`.mapping.StreamMappingKernelManager.pre_start_kernel` when a start names
     an ``attachment``.
     """
 
@@ -223,9 +233,16 @@ class AttachedKernelManager(StreamKernelManager):
             argv=[],
             display_name=self.attachment.display_name,
             language=self.attachment.language,
-            interrupt_mode="signal" if self.attachment.pid else "message",
+            # Asked at each interrupt (jupyter_client reads the spec then).
+            interrupt_mode="signal" if self._signals_reach() else "message",
             metadata={"kernel_gateway_stream": {"attached": self.attachment.source}},
         )
+
+    def _signals_reach(self) -> bool:
+        provisioner = self.provisioner
+        if isinstance(provisioner, AttachedProvisioner):
+            return provisioner.signals_reach
+        return bool(self.attachment.pid)
 
     @property
     def leaving(self) -> str:
@@ -243,6 +260,13 @@ class AttachedKernelManager(StreamKernelManager):
 
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         return []
+
+    def _kernel_supports_curve_encryption(self) -> bool:
+        # jupyter_client asks the kernelspec before it provisions keys; an attached kernel
+        # runs already, its transport encrypted if its connection info holds a key pair
+        # (the attacher refuses one without under transport_encryption=required).
+        info = self.attachment.connection_info
+        return bool(info.get("curve_publickey") and info.get("curve_secretkey"))
 
     async def shutdown_kernel(  # type: ignore[override]
         self, now: bool = False, restart: bool = False

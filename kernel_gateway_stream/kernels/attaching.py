@@ -30,7 +30,7 @@ from traitlets.config import LoggingConfigurable
 from ..core.connection import check_connection_info
 from ..core.errors import InvalidConnectionInfo, KernelExists, KernelNotAnswering, LocalError
 from .attached import Attachment, delete_owned_network, process_is
-from .local import StreamMappingKernelManager
+from .mapping import StreamMappingKernelManager
 from .zmq_kernel import KernelSockets
 
 __all__ = ["KernelAttacher", "kernel_id_of_file"]
@@ -102,6 +102,13 @@ class KernelAttacher(LoggingConfigurable):
             KernelNotAnswering: no signed kernel_info_reply in ``attach_timeout``.
         """
         checked = check_connection_info(info)
+        policy = getattr(self.kernel_manager, "transport_encryption", "disabled")
+        if str(policy).lower() == "required" and "curve_publickey" not in checked:
+            raise InvalidConnectionInfo(
+                "this gateway requires encrypted kernel transports "
+                "(MappingKernelManager.transport_encryption=required): the connection info "
+                "has no CurveZMQ key pair"
+            )
         if kernel_id is not None:
             if not _UUID.fullmatch(kernel_id):
                 raise InvalidConnectionInfo("id must be a UUID in its canonical form")

@@ -18,12 +18,21 @@ network) and :mod:`.upstream` (a kernel behind another gateway, over its WebSock
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..core.messages import KernelMessage
 
-__all__ = ["IOPubSink", "IOPubSource", "KernelChannels", "KernelLink", "ReplyCallback"]
+__all__ = [
+    "IOPubSink",
+    "IOPubSource",
+    "KernelChannels",
+    "KernelLink",
+    "ReplyCallback",
+    "death_reason",
+    "start_of",
+]
 
 #: ``on_reply(channel, message)``: a message the kernel sent on shell, control or stdin to
 #: the channels that asked (signature checked, decoded).
@@ -38,6 +47,12 @@ class IOPubSink(Protocol):
 
     def record_message(self, message: KernelMessage) -> None:
         """One IOPub message, checked and decoded."""
+
+    def record_replayed(self, message: KernelMessage) -> None:
+        """A message the kernel published again (the gateway's launcher, to a new
+        subscriber: what was not acknowledged as durable; an upstream kernel_gateway_stream
+        that recorded it again after a restart): recorded unless the transcript has it
+        already."""
 
     def batch_received(self) -> None:
         """A batch of messages has been handed over: the source is live."""
@@ -76,6 +91,10 @@ class IOPubSource(Protocol):
     def stop(self) -> None:
         """Stop reading, for good."""
 
+    def acknowledge(self, msg_id: str) -> None:
+        """The kernel's messages up to ``msg_id`` are durable (a kernel of the gateway's
+        launcher lets go of them); a source that cannot tell its kernel does nothing."""
+
 
 class KernelChannels(Protocol):
     """shell, control and stdin to one kernel for one client. Made by
@@ -108,3 +127,24 @@ class KernelLink(Protocol):
         self, identity: bytes, on_reply: ReplyCallback, *, handshake_timeout: float
     ) -> KernelChannels:
         """New channels with ``identity`` (the kernel routes stdin by it)."""
+
+
+def start_of(kernel: Any) -> asyncio.Future[Any] | None:
+    """A kernel manager's start, as an asyncio future (jupyter_client's ``ready``, which
+    may be a concurrent future); None for a manager that has none."""
+    ready = getattr(kernel, "ready", None)
+    if isinstance(ready, asyncio.Future):
+        return ready
+    if isinstance(ready, concurrent.futures.Future):
+        return asyncio.wrap_future(ready)
+    return None
+
+
+def death_reason(kernel: Any) -> str:
+    """Why a kernel manager's kernel process ended by itself: what its provisioner can tell
+    (``cpu_limit`` for a sandbox kernel past its CPU time), else ``kernel_died``. Asked by
+    jupyter_client's restarter's callbacks, while the dead process is still known."""
+    provisioner = getattr(kernel, "provisioner", None)
+    tell = getattr(provisioner, "death_reason", None)
+    reason = tell() if callable(tell) else None
+    return reason if isinstance(reason, str) and reason else "kernel_died"

@@ -100,16 +100,22 @@ def prlimit_arguments(
     file_size: int,
     open_files: int,
 ) -> list[str]:
-    """``prlimit``'s options for these limits, soft and hard alike; a 0 leaves that limit
-    as it is (unlimited, for a gateway that has none)."""
-    options = {
+    """``prlimit``'s options for these limits, soft and hard alike, except the CPU time's
+    hard limit, a second past its soft one: at the soft limit the kernel gets SIGXCPU, which
+    ends it with a status that says why (with both alike it would get SIGKILL, as from
+    anything else). A 0 leaves that limit as it is (unlimited, for a gateway that has none)."""
+    limits = {
         "--as": address_space,
         "--cpu": cpu_seconds,
         "--nproc": processes,
         "--fsize": file_size,
         "--nofile": open_files,
     }
-    return [f"{option}={value}" for option, value in options.items() if value > 0]
+    return [
+        f"{option}={value}:{value + 1}" if option == "--cpu" else f"{option}={value}"
+        for option, value in limits.items()
+        if value > 0
+    ]
 
 
 def bwrap_arguments(
@@ -141,6 +147,17 @@ def bwrap_arguments(
     destinations = [*exposed, SANDBOX_HOME, "/tmp", SANDBOX_CONNECTION_FILE]
     for ancestor in _ancestors(destinations):
         options += ["--perms", "0755", "--dir", ancestor]
+    # The kernel's home and /tmp before what is exposed: bwrap mounts in order, and a
+    # package or interpreter installed under /tmp (a clone or a virtualenv there) would be
+    # covered by the kernel's own /tmp.
+    options += [
+        *("--bind", os.path.join(storage, "home"), SANDBOX_HOME),
+        *("--bind", os.path.join(storage, "tmp"), "/tmp"),
+    ]
+    # Ancestors inside those two were covered by them: made again, searchable.
+    for ancestor in _ancestors(list(exposed)):
+        if any(_within(ancestor, root) and ancestor != root for root in ("/tmp", SANDBOX_HOME)):
+            options += ["--perms", "0755", "--dir", ancestor]
     for directory in exposed:
         options += ["--ro-bind-try", directory, directory]
     for directory in hidden:
@@ -150,8 +167,6 @@ def bwrap_arguments(
             options += ["--tmpfs", directory, "--remount-ro", directory]
     options += [
         *("--proc", "/proc", "--dev", "/dev"),
-        *("--bind", os.path.join(storage, "home"), SANDBOX_HOME),
-        *("--bind", os.path.join(storage, "tmp"), "/tmp"),
         *("--ro-bind", connection_file, SANDBOX_CONNECTION_FILE),
         # bwrap's own --chdir would run before the drop, as a root without
         # CAP_DAC_OVERRIDE, to whom the kernel's home (0700) is closed: env -C does it after.
@@ -306,9 +321,10 @@ class SandboxProvisioner(NetnsProvisioner):
         0,
         config=True,
         help="CPU seconds each process of the kernel may use (RLIMIT_CPU); past it the "
-        "process gets SIGXCPU, then SIGKILL, and the kernel dies (and restarts, as "
-        "jupyter's restarter does). It counts over the kernel's whole life, so it ends "
-        "long-lived busy kernels too. 0: unlimited.",
+        "process gets SIGXCPU (SIGKILL a second later if it goes on), and the kernel dies: "
+        "its execution ends 'died' with the reason cpu_limit, and it restarts, as jupyter's "
+        "restarter does. It counts over the kernel's whole life, so it ends long-lived busy "
+        "kernels too. 0: unlimited.",
     )
     process_limit = Int(
         256,
@@ -439,6 +455,14 @@ class SandboxProvisioner(NetnsProvisioner):
         jupyter_client would otherwise hand the kernel ``JPY_PARENT_PID``, a pid of the
         host's, which in the kernel's PID namespace looks like its parent's death."""
         return await super().launch_kernel(cmd, **{**kwargs, "independent": True})
+
+    def death_reason(self) -> str | None:
+        """Why the kernel's process ended: ``cpu_limit`` if SIGXCPU ended it (bwrap exits
+        with 128 + the signal that ended what it ran), else None (not known)."""
+        status = self.process.returncode if self.process is not None else None
+        if status in (128 + signal.SIGXCPU, -signal.SIGXCPU):
+            return "cpu_limit"
+        return None
 
     def kernel_process(self) -> int | None:
         """The kernel's pid (on the host): the first child of bwrap's init, which is the

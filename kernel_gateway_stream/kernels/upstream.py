@@ -79,6 +79,9 @@ UPSTREAM_METADATA_KEY = "kernel_gateway_stream_upstream"
 SYNTHESIZED_METADATA_KEY = "kernel_gateway_stream_synthesized"
 #: Executions whose execute_reply came and whose idle is awaited, at most.
 MAX_AWAITING_IDLE = 1000
+#: IOPub messages held back behind an ``idle`` at most; past it, the numbers missing below
+#: it are judged at once.
+MAX_HELD = 10_000
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,11 @@ class UpstreamSettings:
     #: Seconds a number missing from the kernel's counter may still arrive late (see
     #: :mod:`..core.upstream_counters`).
     reorder_window: float = 2.0
+    #: Seconds between the ``kernel_info_request`` nudges sent until the kernel's IOPub
+    #: answers (after connecting, and after a restart).
+    nudge_interval: float = 1.0
+    #: Seconds of nudging before the Tap is reported ready anyway.
+    ready_timeout: float = 60.0
 
 
 def decode_upstream(data: bytes | str, v1: bool) -> tuple[str, list[bytes]]:
@@ -307,6 +315,11 @@ class UpstreamIOPubSource:
         #: has not: parent msg_id -> (the reply's number, the request's raw header, the
         #: kernel's session).
         self._awaiting_idle: OrderedDict[str, tuple[int, bytes, str]] = OrderedDict()
+        #: IOPub messages held back, in order: an ``idle`` with numbers missing below it,
+        #: and what came after it, until the counters judged those numbers (so a gap
+        #: record comes before the end of the execution it belongs to).
+        self._held: list[KernelMessage] = []
+        self._nudger: asyncio.Task[None] | None = None
         link.hub.observer = self._saw_reply
         link.hub.on_sent = self._sent
 
@@ -356,8 +369,61 @@ class UpstreamIOPubSource:
             execution_state=message.execution_state,
             iopub=iopub,
         )
-        if counters.pending or counters.next_deadline() is not None:
+        if counters.pending or counters.next_deadline() is not None or self._held:
             self._judge(now)
+
+    def _take(self, message: KernelMessage) -> None:
+        """An IOPub message that passed intake: counted, then recorded, or held back
+        behind an ``idle`` whose execution may still get a gap record."""
+        counters = self.counters
+        if counters is not None:
+            counters.saw(
+                message.msg_id,
+                time.monotonic(),
+                parent_msg_id=message.parent_msg_id,
+                parent_msg_type=message.parent_msg_type,
+                execution_state=message.execution_state,
+            )
+        if self._held or (
+            counters is not None
+            and message.execution_state == "idle"
+            and counters.holds(message.msg_id)
+        ):
+            self._held.append(message)
+            if len(self._held) > MAX_HELD and counters is not None:
+                counters.judge_below(self._held[0].msg_id)
+        else:
+            self._record(message)
+        if counters is not None and (
+            counters.pending or counters.next_deadline() is not None or self._held
+        ):
+            self._judge(time.monotonic())
+
+    def _record(self, message: KernelMessage) -> None:
+        if self.link.chained and message.replayed:
+            # An upstream kernel_gateway_stream killed before its last batch was written
+            # had relayed some of it to us already; its launcher kernel publishes what was
+            # not durable again when it starts, and it numbers those afresh (a seq past
+            # the one we resume from) and marks them: recorded once, by msg_id.
+            self.sink.record_replayed(message)
+        else:
+            self.sink.record_message(message)
+        self.sink.batch_received()
+        if message.execution_state == "idle" and message.parent_msg_id:
+            self._awaiting_idle.pop(message.parent_msg_id, None)
+
+    def _release(self) -> None:
+        """Record the held messages up to the next ``idle`` still waiting for a judgement."""
+        counters = self.counters
+        while self._held:
+            first = self._held[0]
+            if (
+                counters is not None
+                and first.execution_state == "idle"
+                and counters.holds(first.msg_id)
+            ):
+                return
+            self._record(self._held.pop(0))
 
     def _judge(self, now: float) -> None:
         counters = self.counters
@@ -376,6 +442,7 @@ class UpstreamIOPubSource:
             )
             self.sink.record_gap("upstream_lost", lost.count)
             self._end_executions_after(lost)
+        self._release()
         deadline = counters.next_deadline()
         if self._poll_timer is not None:
             self._poll_timer.cancel()
@@ -456,8 +523,8 @@ class UpstreamIOPubSource:
             elif connected_before:
                 self.sink.link_changed(True, "upstream_reconnected", 0 if since else None)
             connected_before = True
-            self._nudge(connection)
             self.link.hub.attach(connection)
+            self._nudge_until_ready(connection)
             try:
                 await self._read(connection)
             finally:
@@ -465,6 +532,7 @@ class UpstreamIOPubSource:
                 # What a dropped connection missed is the reconnection's gap record.
                 if self.counters is not None:
                     self.counters.reset()
+                self._hand_over_held()
             self._connection = None
             if not self._stopped:
                 self._unreachable("the upstream closed the connection")
@@ -506,6 +574,33 @@ class UpstreamIOPubSource:
         self._stopped = True
         on_gone("upstream_kernel_gone")
         return True
+
+    def _nudge_until_ready(self, connection: Connection) -> None:
+        """Nudge until the kernel's IOPub answers (the Tap is ready): a nudge sent while
+        the upstream still connects to a restarted kernel may be lost, and the Tap's
+        clients wait for it to be ready."""
+        if self._nudger is not None:
+            self._nudger.cancel()
+        self._nudger = asyncio.ensure_future(self._nudging(connection))
+
+    async def _nudging(self, connection: Connection) -> None:
+        settings = self.link.settings
+        deadline = time.monotonic() + settings.ready_timeout
+        while not self._stopped and self._connection is connection:
+            ready = self.sink.ready
+            if ready.done():
+                return
+            self._nudge(connection)
+            try:
+                await asyncio.wait_for(asyncio.shield(ready), settings.nudge_interval)
+            except asyncio.TimeoutError:
+                if time.monotonic() > deadline and not ready.done():
+                    self.log.warning(
+                        "No IOPub message from upstream kernel %s in %.0f s; going on unconfirmed",
+                        self.link.kernel_id,
+                        settings.ready_timeout,
+                    )
+                    ready.set_result(None)
 
     def _nudge(self, connection: Connection) -> None:
         """A kernel_info_request: its status messages prove the IOPub path live."""
@@ -554,6 +649,8 @@ class UpstreamIOPubSource:
                     if isinstance(verdict, intake.Refuse):
                         self.rejected += 1
                         self._refused(verdict.reason)
+                        # It came, numbered by the kernel's counter: no hole there.
+                        self._saw(message)
                         continue
             except RemoteError as error:
                 self.rejected += 1
@@ -561,11 +658,7 @@ class UpstreamIOPubSource:
                     "Upstream kernel %s sent an invalid message: %s", self.link.kernel_id, error
                 )
                 continue
-            self.sink.record_message(message)
-            self.sink.batch_received()
-            if message.execution_state == "idle" and message.parent_msg_id:
-                self._awaiting_idle.pop(message.parent_msg_id, None)
-            self._saw(message)
+            self._take(message)
 
     def _refused(self, what: str) -> None:
         """Log a refusal, at most once a minute (a kernel can send a great many)."""
@@ -584,13 +677,37 @@ class UpstreamIOPubSource:
         new session answers the gateway and its counter is watched (see
         :mod:`..core.upstream_counters`)."""
         if self._connection is not None and not self._stopped:
-            self._nudge(self._connection)
+            self._nudge_until_ready(self._connection)
 
     def drain(self) -> None:
-        """Messages are recorded as they arrive: nothing waits."""
+        """Record what is held back now, after judging the numbers missing below it."""
+        self._hand_over_held()
+
+    def _hand_over_held(self) -> None:
+        counters = self.counters
+        if not self._held:
+            return
+        if counters is not None:
+            for message in reversed(self._held):
+                if message.execution_state == "idle":
+                    counters.judge_below(message.msg_id)
+                    break
+            self._judge(time.monotonic())
+        while self._held:
+            self._record(self._held.pop(0))
+
+    def acknowledge(self, msg_id: str) -> None:
+        """An upstream's kernel keeps nothing for the gateway: nothing to tell it."""
 
     def stop(self) -> None:
+        # Stopped, the source records nothing more (the gateway shuts down, or another
+        # node took the kernel over): what is held back (an ``idle`` and what followed it,
+        # for at most the reordering window) is left, as any message on its way is.
+        self._held.clear()
         self._stopped = True
+        if self._nudger is not None:
+            self._nudger.cancel()
+            self._nudger = None
         if self._poll_timer is not None:
             self._poll_timer.cancel()
             self._poll_timer = None

@@ -8,6 +8,11 @@ manager, with what Enterprise Gateway's defaults need.
   asked for again for ``listing_retry`` seconds (JupyterLab polls ``/api/kernels`` and
   ``/api/sessions`` every few seconds; each poll would otherwise be a refused request
   upstream and a warning in both logs).
+* **The upstream's default kernelspec.** jupyter_server's gateway mode starts a kernel
+  asked for without a name as ``python3`` until something lists the kernelspecs (only
+  then does it learn the upstream's default): a program's first ``POST /api/kernels``
+  would start another kernel than the upstream's own default. Here the default is asked of
+  the upstream before such a start (:meth:`UpstreamMappingKernelManager.upstream_default`).
 * **Errors that say what the upstream said.** jupyter_server raises the upstream's errors
   as ``HTTPError(code, "Error from Gateway: [%s] %s. …", message, reason)`` and its API
   handlers write that template unformatted. Here they are raised again as
@@ -79,6 +84,20 @@ class UpstreamMappingKernelManager(GatewayMappingKernelManager):
 
     #: Monotonic time until which the upstream's list is not asked for (0: ask).
     _listing_refused_until = 0.0
+    #: Whether ``default_kernel_name`` is the upstream's own (asked for once).
+    _default_known = False
+
+    async def upstream_default(self) -> str:
+        """The upstream's default kernelspec name, asked for once (jupyter_server also
+        updates ``default_kernel_name`` whenever a client lists the kernelspecs)."""
+        if not self._default_known:
+            specs_manager: Any = self.kernel_spec_manager  # a GatewayKernelSpecManager
+            specs: dict[str, Any] = await _translated(specs_manager.list_kernel_specs())
+            default = specs.get("default")
+            if isinstance(default, str) and default:
+                self.default_kernel_name = default
+            self._default_known = True
+        return str(self.default_kernel_name)
 
     async def list_kernels(self, **kwargs: Any) -> list[dict[str, Any]]:
         """The upstream's kernels that this gateway manages; from its own knowledge while

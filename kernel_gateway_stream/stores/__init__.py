@@ -1,4 +1,9 @@
-"""Transcript stores: where every IOPub record is kept, durably, by sequence number."""
+"""Transcript stores: where every IOPub record is kept, durably, by sequence number.
+
+Imported by the recording (the one writer), the cluster node (its leases append through
+the Redis store), the executions, the handlers, the metrics and the application; imports
+nothing of the package but :mod:`..core`.
+"""
 
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
 from .sqlite import SQLiteTranscriptStore

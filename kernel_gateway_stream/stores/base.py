@@ -3,7 +3,7 @@
 A store keeps, per kernel, every :class:`~kernel_gateway_stream.core.messages.Record`
 the Tap numbered, and serves ranges of them back by sequence number. The Tap is the
 only writer; handlers and subscriptions read. Implementations: SQLite (the embedded
-default); a Redis Streams store can follow for several nodes.
+default); Redis Streams for several nodes.
 
 A store never makes the Tap wait (DESIGN invariant 4), holds a bounded amount of what is
 not yet durable, and never reuses a sequence number after a crash: what it could not keep
@@ -13,7 +13,7 @@ becomes a gap record (:mod:`..core.marks`).
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,10 @@ from traitlets.config import LoggingConfigurable
 from ..core.health import ComponentHealth
 from ..core.messages import Record
 
-__all__ = ["TranscriptInfo", "TranscriptPage", "TranscriptStore"]
+__all__ = ["TranscriptInfo", "TranscriptPage", "TranscriptStore", "WrittenCallback"]
+
+#: ``written(kernel_id, records)``: see :attr:`TranscriptStore.written`.
+WrittenCallback = Callable[[str, list[Record]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,17 @@ class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):  # type: ignor
     #: numbers given out but not kept when the gateway last stopped.
     recovered: list[tuple[str, int, int]]
 
+    #: True if a record may reach clients only once the store made it durable (several
+    #: nodes: see :mod:`..core.committed`): :meth:`read` then serves durable records only,
+    #: and the store calls :attr:`written` with what it made durable. False (SQLite, one
+    #: node): records are fanned out as they are appended, so a full disk keeps live
+    #: output flowing.
+    committed_only = False
+    #: ``written(kernel_id, records)``: with :attr:`committed_only`, called on the event
+    #: loop with each kernel's records, in order, once durable (set by the recorders'
+    #: registry).
+    written: WrittenCallback | None = None
+
     @abstractmethod
     def open(self) -> None:
         """Prepare storage and recover from an unclean stop (see :attr:`recovered`).
@@ -99,6 +113,13 @@ class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):  # type: ignor
     @abstractmethod
     def kernel_ended(self, kernel_id: str, now: float) -> None:
         """Called by the Tap when its kernel shuts down; starts the keep-after-shutdown clock."""
+
+    def durable_head(self, kernel_id: str) -> int:
+        """The highest sequence number up to which every record of ``kernel_id`` appended
+        is durable (or not kept, and a gap). Called on the event loop, often: it tells a
+        kernel of the gateway's launcher what it may let go of. A store that cannot tell
+        says 0: nothing is let go of, and the kernel keeps what its bound allows."""
+        return 0
 
     @abstractmethod
     async def head(self, kernel_id: str) -> int:

@@ -7,11 +7,13 @@ a writer thread makes records durable in batches. Between the two sits this buff
 * The writer :meth:`~PendingBuffer.take`\\ s a batch, writes it and
   :meth:`~PendingBuffer.commit`\\ s it out; if the write fails it
   :meth:`~PendingBuffer.untake`\\ s it and retries later. Nothing is lost while it retries.
-* The buffer holds at most ``max_bytes`` (every buffer has a bound). A record pushed while
-  it is full is not kept: its sequence number joins the kernel's *dropped range*, and the
-  next record that fits is preceded by one gap record for the whole range, so the
-  transcript says exactly what it could not keep (DESIGN invariant 1). Live clients got
-  those records all the same: fan-out does not go through the store.
+* The buffer holds at most ``max_bytes`` (every buffer has a bound), and a reserve for
+  control records past it (:mod:`..core.reserve`: an execution's ``idle``, the gateway's
+  marks). Any other record pushed while it is full is not kept: its sequence number joins
+  the kernel's *dropped range*, and the next record that fits is preceded by one gap record
+  for the whole range, so the transcript says exactly what it could not keep (DESIGN
+  invariant 1). Live clients got those records all the same: fan-out does not go through
+  the store.
 
 Shared by the loop and the writer thread; every method takes the lock briefly.
 """
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..core.messages import Record
+from ..core.reserve import fits, is_control
 
 __all__ = ["PendingBuffer", "PendingStats"]
 
@@ -81,7 +84,8 @@ class PendingBuffer:
             if queue is None:
                 queue = self._kernels[record.kernel_id] = _KernelQueue()
             self._assigned[record.kernel_id] = record.seq
-            if self._bytes + size > self.max_bytes and self._records:
+            control = is_control(record.message)
+            if self._records and not fits(self._bytes, size, self.max_bytes, control):
                 self._dropped_records += 1
                 if queue.dropped is None:
                     queue.dropped = [record.first_seq, record.seq]
@@ -180,6 +184,15 @@ class PendingBuffer:
             last = min(dropped[1], until)
             records.append(self._make_gap(kernel_id, dropped[0], last, 0.0))
         return records, committed
+
+    def durable_head(self, kernel_id: str) -> int:
+        """The highest sequence number up to which every record of ``kernel_id`` pushed
+        is durable (or was not kept, and is a gap)."""
+        with self._lock:
+            queue = self._kernels.get(kernel_id)
+            if queue is not None and queue.seqs:
+                return queue.seqs[0] - 1
+            return self._assigned.get(kernel_id, 0)
 
     def assigned_head(self, kernel_id: str) -> int:
         """The highest sequence number pushed for ``kernel_id`` (0: none)."""

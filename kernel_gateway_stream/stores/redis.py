@@ -12,6 +12,8 @@ Keys, all of one kernel in one hash slot (``{kernel_id}`` is a Redis Cluster has
     <prefix>{K}:cursors  hash: session id -> last seq sent
     <prefix>kernels      hash: kernel id -> how to reach it (the kernel directory), signed
     <prefix>nodes        hash: node name -> its URL (for requests only the owner serves), signed
+    <prefix>incarnation  string: a random id, written once (``SET NX``): when it is missing
+                         or changed, Redis lost its data (restarted empty, or flushed)
 
 The directory's and the nodes' entries are signed with the cluster secret, and one that
 does not check is never acted on (:mod:`.redis_trust`): code that reaches Redis cannot
@@ -29,7 +31,18 @@ off) cannot append once another holds it (a fencing token: DESIGN, "Scaling past
 machine"); records already in Redis (a retried call that had landed) are skipped, so
 redis-py's retries cannot duplicate an entry. With each batch ``reserved`` becomes the
 head plus ``reserve_ahead``: a node taking over numbers on above it, after a gap record,
-so no number a client may have seen is given twice (DESIGN invariant 1).
+so no number a client may have seen is given twice (DESIGN invariant 1). The script also
+refuses a batch when the kernel's head in Redis is below the head this node last wrote
+(:class:`StoreLost`): Redis forgot records (it restarted empty, or failed over to a replica
+that lacked them), and the node first covers them with a gap record (see :mod:`..cluster`)
+instead of appending after a silent hole.
+
+A record reaches clients only once it is in Redis (:attr:`~.base.TranscriptStore.committed_only`,
+see :mod:`..core.committed`): the writer tells the recorders what each confirmed append
+wrote (:attr:`~.base.TranscriptStore.written`), and reads serve what Redis holds, never
+the pending buffer. A node that stops recording a kernel forsakes what it numbered and did
+not write (:meth:`RedisTranscriptStore.forsake`): none of it is written after that, and a
+node taking the kernel over (this one again, too) numbers on above it, after a gap.
 
 Durability is Redis's: with ``appendonly yes`` and ``appendfsync everysec`` a crash of
 Redis loses at most a second; without persistence (this machine's Redis) a restart of Redis
@@ -42,36 +55,50 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Protocol
 
 from traitlets import Float, Int, Unicode
 
 from ..core.errors import MalformedMessage, StoreUnavailable, UntrustedEntry
 from ..core.health import ComponentHealth, State
-from ..core.marks import gap_record, is_mark
+from ..core.marks import backlog_gap, is_mark
 from ..core.messages import Record, load_json_object
 from ..core.records import NO_PARENT, ParentHeader, decode_chunk, encode_record
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
 from .pending import PendingBuffer
 from .query import Query
 from .redis_trust import EntrySigner, redact_url
-from .sqlite import iso_date
 
-__all__ = ["Fenced", "RedisKeys", "RedisTranscriptStore", "entry_id", "record_of_entry"]
+__all__ = [
+    "NO_LEASE",
+    "AppendLease",
+    "Fenced",
+    "RedisKeys",
+    "RedisTranscriptStore",
+    "StoreLost",
+    "entry_id",
+    "record_of_entry",
+]
 
 _FAR = 1 << 62
 
-#: KEYS: log, marks, meta, lease. ARGV: lease value, maxlen, reserve_ahead, then per record
-#: seq, r, p, pi, pt, mark ("1" or "0"). Returns the head.
+#: KEYS: log, marks, meta, lease. ARGV: lease value, maxlen, reserve_ahead, the head the
+#: writer last wrote (0: none), then per record seq, r, p, pi, pt, mark ("1" or "0").
+#: Returns the head. Refused with LOST when the head is below the writer's (Redis forgot
+#: records), with FENCED when the lease is not the writer's.
 _APPEND = """
+local head = tonumber(redis.call('HGET', KEYS[3], 'head') or '0')
+if head < tonumber(ARGV[4]) then
+  return redis.error_reply('LOST ' .. head)
+end
 local holder = redis.call('GET', KEYS[4])
 if holder ~= ARGV[1] then
   return redis.error_reply('FENCED held by ' .. tostring(holder))
 end
 local maxlen = tonumber(ARGV[2])
-local head = tonumber(redis.call('HGET', KEYS[3], 'head') or '0')
-local i = 4
+local i = 5
 while i + 5 <= #ARGV do
   local seq = tonumber(ARGV[i])
   if seq > head then
@@ -101,66 +128,76 @@ redis.call('HSET', KEYS[3], 'head', head, 'reserved', reserved)
 return head
 """
 
-#: KEYS: lease, fence. ARGV: node, ttl_ms. The lease value if this node holds it now
-#: (renewed, or newly taken with the next fencing token), else false.
-_ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  if string.sub(current, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return current
-  end
-  return false
-end
-local token = redis.call('INCR', KEYS[2])
-local value = ARGV[1] .. ':' .. token
-redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
-return value
-"""
-
-#: KEYS: lease, fence, meta. ARGV: node, ttl_ms, head. A new lease value for ``node`` if
-#: the lease is free, nobody was handed the kernel, and the transcript's head is still
-#: ``head`` (nobody wrote since this node did); else false.
-_REACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local fields = redis.call('HMGET', KEYS[3], 'head', 'handed_over')
-if (fields[1] or '0') ~= ARGV[3] or fields[2] then return false end
-local token = redis.call('INCR', KEYS[2])
-local value = ARGV[1] .. ':' .. token
-redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
-return value
-"""
-
-#: KEYS: lease. ARGV: value, ttl_ms. 1 if renewed, 0 if the lease is not this value's.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-#: KEYS: lease. ARGV: value. 1 if released.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-
-#: KEYS: lease, meta. ARGV: value, clean ("1" or "0"). 1 if released: the next owner numbers
-#: on from the head (clean) or after a gap for the reservation (not clean).
-_HAND_OVER = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('HSET', KEYS[2], 'handed_over', ARGV[2])
-return redis.call('DEL', KEYS[1])
-"""
-
 
 class Fenced(Exception):
-    """An append was refused: another node holds the kernel's lease now."""
+    """An append was refused: the kernel's lease is not the value it came with (another
+    node holds it, or this node took it again with a new value meanwhile)."""
+
+
+class StoreLost(Exception):
+    """An append was refused: the kernel's head in Redis (:attr:`head`) is below the head
+    this node wrote before. Redis lost records (restarted empty, or failed over to a
+    replica that lacked them); nothing is appended until they are covered by a gap."""
+
+    def __init__(self, kernel_id: str, head: int, known: int) -> None:
+        super().__init__(
+            f"Redis has kernel {kernel_id}'s transcript up to seq {head} only, and this node "
+            f"wrote it up to {known}: Redis lost records (restarted empty, or failed over)"
+        )
+        self.head = head
+        self.known = known
+
+
+class AppendLease(Protocol):
+    """What the writer asks of the leases (the cluster node's lease map,
+    :class:`~kernel_gateway_stream.cluster.leases.LeaseMap`): the store keeps none itself."""
+
+    def value(self, kernel_id: str) -> str:
+        """The lease value to append ``kernel_id``'s records with ("" if none)."""
+
+    def is_fenced(self, kernel_id: str) -> bool:
+        """An append of ``kernel_id`` was refused: its records are not written any more."""
+
+    async def reacquire(self, kernel_id: str, tried: str = "") -> bool:
+        """An append with lease value ``tried`` was refused: True if the lease is this
+        node's (again), with another value (:meth:`value` has it): this node took it again
+        meanwhile, or it ran out unused and is taken again now."""
+
+    def store_lost(self, kernel_id: str, head: int) -> bool:
+        """An append of ``kernel_id`` found Redis's head at ``head``, below what this node
+        wrote: Redis lost records. True if the node covers them with a gap (the records
+        wait until then); False if it will not (the kernel ended here meanwhile)."""
+
+    def fence(self, kernel_id: str) -> None:
+        """An append of ``kernel_id`` was refused for good: another node holds its lease."""
+
+    def fenced_kernels(self) -> list[str]:
+        """The kernels whose appends are refused, sorted (for health)."""
+
+
+class _NoLease:
+    """No lease (no cluster node): every append is refused by the script."""
+
+    def value(self, kernel_id: str) -> str:
+        return ""
+
+    def is_fenced(self, kernel_id: str) -> bool:
+        return False
+
+    async def reacquire(self, kernel_id: str, tried: str = "") -> bool:
+        return False
+
+    def store_lost(self, kernel_id: str, head: int) -> bool:
+        return False
+
+    def fence(self, kernel_id: str) -> None:
+        pass
+
+    def fenced_kernels(self) -> list[str]:
+        return []
+
+
+NO_LEASE: AppendLease = _NoLease()
 
 
 class RedisKeys:
@@ -171,6 +208,8 @@ class RedisKeys:
         self.kernels = f"{prefix}kernels"
         #: node name -> the URL other nodes forward its kernels' requests to
         self.nodes = f"{prefix}nodes"
+        #: a random id written once: missing or changed, Redis lost its data
+        self.incarnation = f"{prefix}incarnation"
 
     def of(self, kernel_id: str, what: str) -> str:
         return f"{self.prefix}{{{kernel_id}}}:{what}"
@@ -230,10 +269,6 @@ def _record_args(record: Record) -> list[bytes | str | int]:
     ]
 
 
-def _make_gap(kernel_id: str, first: int, last: int, now: float) -> Record:
-    return gap_record(kernel_id, first, last, "store_backlog_full", now=now, date=iso_date(now))
-
-
 def connect(url: str, *, pool_size: int | None = None, **kwargs: Any) -> Any:
     """An asyncio Redis client for ``url`` (hiredis parses replies when installed). With
     ``pool_size``, at most that many connections, a command waiting for one to be free
@@ -251,6 +286,8 @@ def connect(url: str, *, pool_size: int | None = None, **kwargs: Any) -> Any:
 
 class RedisTranscriptStore(TranscriptStore):
     """Transcripts in Redis Streams (see the module docstring)."""
+
+    committed_only = True
 
     url = Unicode(
         "redis://127.0.0.1:6379/0",
@@ -275,7 +312,8 @@ class RedisTranscriptStore(TranscriptStore):
         config=True,
         help="Most bytes of records appended but not yet in Redis (Redis slow or unreachable); "
         "past it the transcript gets a gap record for what could not be kept (live clients "
-        "still receive it).",
+        "still receive it). Statuses and the gateway's own records have a reserve of an "
+        "eighth more, so that every execution still ends in the transcript.",
     )
     batch_records = Int(2000, config=True, help="Most records sent to Redis in one call.")
     reserve_ahead = Int(
@@ -303,17 +341,9 @@ class RedisTranscriptStore(TranscriptStore):
         super().__init__(**kwargs)
         self.recovered = []
         self.keys = RedisKeys(self.key_prefix)
-        self.pending = PendingBuffer(self.max_pending_bytes, _make_gap)
-        #: The lease value this node appends with, per kernel (set by the cluster node).
-        self.leases: dict[str, str] = {}
-        #: Kernels whose appends were refused (another node holds the lease).
-        self.fenced: set[str] = set()
-        #: Called with a kernel id whose append was fenced.
-        self.on_fenced: list[Any] = []
-        #: ``await reacquire(kernel_id) -> bool``: the cluster node's, see :meth:`_write`.
-        self.reacquire: Any = None
-        #: Kernels taken over after a clean hand-over (no gap: the kernel held its output).
-        self.handed_over: set[str] = set()
+        self.pending = PendingBuffer(self.max_pending_bytes, backlog_gap)
+        #: The lease every append goes with (the cluster node's lease map sets it).
+        self.lease: AppendLease = NO_LEASE
         #: Signs the directory's and the nodes' entries (set by the cluster node).
         self.signer: EntrySigner | None = None
         #: Directory entries refused, as last read (each is logged once).
@@ -328,6 +358,12 @@ class RedisTranscriptStore(TranscriptStore):
         self.failures = 0
         self.last_error: str | None = None
         self._cursors: dict[tuple[str, str], int] = {}
+        #: kernel id -> the head after this node's last append that Redis confirmed: what
+        #: Redis must still have (see :class:`StoreLost`).
+        self.confirmed: dict[str, int] = {}
+        #: kernel id -> the last seq this node numbered before it stopped recording the
+        #: kernel: records up to it are never written (see :meth:`forsake`).
+        self.forsaken: dict[str, int] = {}
 
     # -- life ----------------------------------------------------------------------
 
@@ -346,15 +382,7 @@ class RedisTranscriptStore(TranscriptStore):
         self._redis = connect(
             self.url, pool_size=self.max_connections, socket_timeout=10, socket_connect_timeout=5
         )
-        for name, source in (
-            ("append", _APPEND),
-            ("acquire", _ACQUIRE),
-            ("renew", _RENEW),
-            ("release", _RELEASE),
-            ("hand_over", _HAND_OVER),
-            ("reacquire", _REACQUIRE),
-        ):
-            self._scripts[name] = self._redis.register_script(source)
+        self._scripts["append"] = self._redis.register_script(_APPEND)
 
     @property
     def redis(self) -> Any:
@@ -414,25 +442,65 @@ class RedisTranscriptStore(TranscriptStore):
                 self._written.set()
                 self._written = asyncio.Event()
 
+    def forsake(self, kernel_id: str) -> None:
+        """This node stopped recording ``kernel_id`` (its lease ran out or was taken): what
+        it numbered and has not written is never written (a node that takes the kernel
+        over, this one too, covers it with its gap: see :meth:`forsaken_head`). Records
+        in an append under way land or are fenced as a whole."""
+        head = self.pending.assigned_head(kernel_id)
+        if head:
+            self.forsaken[kernel_id] = max(head, self.forsaken.get(kernel_id, 0))
+
+    def forsaken_head(self, kernel_id: str) -> int:
+        """The last seq this node numbered for ``kernel_id`` and forsook (0: none)."""
+        return self.forsaken.get(kernel_id, 0)
+
+    def _tell_written(self, kernel_id: str, records: list[Record]) -> None:
+        written = self.written
+        if written is None:
+            return
+        try:
+            written(kernel_id, records)
+        except Exception:  # an adapter's edge: the records are written all the same
+            self.log.exception("Fanning out the records written of %s failed", kernel_id)
+
     async def _write(self, batch: list[Record]) -> None:
         by_kernel: dict[str, list[Record]] = {}
         for record in batch:
             by_kernel.setdefault(record.kernel_id, []).append(record)
         for kernel_id, records in by_kernel.items():
-            if kernel_id in self.fenced:
+            lease = self.lease
+            if lease.is_fenced(kernel_id):
                 continue  # not ours to write any more (dropped: the new owner numbers on)
-            lease = self.leases.get(kernel_id, "")
+            forsaken = self.forsaken.get(kernel_id)
+            if forsaken is not None:
+                records = [record for record in records if record.seq > forsaken]
+                if not records:
+                    continue
+            value = lease.value(kernel_id)
             try:
                 try:
-                    await self.append_now(kernel_id, records, lease)
+                    await self.append_now(kernel_id, records, value)
                 except Fenced:
-                    # The lease ran out (this node was too busy to renew it in time) and
-                    # nobody took it or wrote since: take it again, and write on.
-                    if self.reacquire is None or not await self.reacquire(kernel_id):
+                    # This node took the lease again meanwhile (a new value), or the lease
+                    # ran out (too busy to renew it in time) and nobody took it or wrote
+                    # since: take it again. Either way, write on with its value.
+                    if not await lease.reacquire(kernel_id, value):
                         raise
-                    await self.append_now(kernel_id, records, self.leases[kernel_id])
+                    await self.append_now(kernel_id, records, lease.value(kernel_id))
+                self._tell_written(kernel_id, records)
+            except StoreLost as error:
+                if lease.store_lost(kernel_id, error.head):
+                    raise  # kept, and written once the node has covered what Redis lost
+                # The kernel ended here meanwhile: nobody writes its lease back, and its
+                # last records cannot be written after a hole.
+                self.log.error(
+                    "Kernel %s: %s; its last %d records (from seq %d) are not written",
+                    kernel_id, error, len(records), records[0].seq,
+                    extra={"kernel_id": kernel_id},
+                )  # fmt: skip
+                lease.fence(kernel_id)
             except Fenced:
-                self.fenced.add(kernel_id)
                 self.log.error(
                     "Kernel %s: another node holds its lease now; %d records from seq %d "
                     "were not written by this node",
@@ -441,19 +509,25 @@ class RedisTranscriptStore(TranscriptStore):
                     records[0].seq,
                     extra={"kernel_id": kernel_id},
                 )
-                for callback in self.on_fenced:
-                    callback(kernel_id)
+                lease.fence(kernel_id)
 
-    async def append_now(self, kernel_id: str, records: list[Record], lease: str) -> int:
+    async def append_now(
+        self, kernel_id: str, records: list[Record], lease: str, *, known: int | None = None
+    ) -> int:
         """Write ``records`` (in order) through the fenced append; the head after it.
+        ``known``: the head Redis must have at least (default: the last this node wrote;
+        0 when writing the gap that covers what Redis lost).
 
         Raises:
+            StoreLost: Redis's head is below ``known``.
             Fenced: ``lease`` is not the kernel's lease.
         """
         import redis
 
         keys = self.keys
-        args: list[Any] = [lease, self.max_records_per_kernel, self.reserve_ahead]
+        if known is None:
+            known = self.confirmed.get(kernel_id, 0)
+        args: list[Any] = [lease, self.max_records_per_kernel, self.reserve_ahead, known]
         for record in records:
             args.extend(_record_args(record))
         try:
@@ -467,10 +541,15 @@ class RedisTranscriptStore(TranscriptStore):
                 args=args,
             )
         except redis.ResponseError as error:
-            if str(error).startswith("FENCED"):
-                raise Fenced(str(error)) from error
+            text = str(error)
+            if text.startswith("LOST"):
+                raise StoreLost(kernel_id, int(text.split()[1]), known) from error
+            if text.startswith("FENCED"):
+                raise Fenced(text) from error
             raise
-        return int(head)
+        head = int(head)
+        self.confirmed[kernel_id] = max(head, self.confirmed.get(kernel_id, 0))
+        return head
 
     def kernel_started(self, kernel_id: str, now: float) -> None:
         self._background(
@@ -484,8 +563,29 @@ class RedisTranscriptStore(TranscriptStore):
         if link is None:
             self._background(self._redis.hdel(self.keys.kernels, kernel_id))
         else:
-            entry = self._signer().sign("kernel", kernel_id, json.dumps(link).encode())
-            self._background(self._redis.hset(self.keys.kernels, kernel_id, entry))
+            self._background(self.put_link(kernel_id, link))
+
+    async def put_link(self, kernel_id: str, link: dict[str, Any]) -> None:
+        """Write ``kernel_id``'s directory entry, signed, now."""
+        entry = self._signer().sign("kernel", kernel_id, json.dumps(link).encode())
+        await self._redis.hset(self.keys.kernels, kernel_id, entry)
+
+    async def incarnation(self) -> str:
+        """The id of Redis's data set: written once (``SET NX``) by the first node that
+        finds none, so a missing or changed one means that Redis lost its data."""
+        key = self.keys.incarnation
+        await self._redis.set(key, uuid.uuid4().hex, nx=True)
+        value = await self._redis.get(key)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    async def run_id(self) -> str:
+        """Redis's ``INFO`` run_id: a new one after each restart or failover."""
+        info = await self._redis.info("server")
+        return str(info.get("run_id", ""))
+
+    async def ended(self, kernel_id: str) -> bool:
+        """True if ``kernel_id``'s transcript says its kernel ended (its tombstone)."""
+        return bool(await self._redis.hget(self.keys.of(kernel_id, "meta"), "ended"))
 
     def _signer(self) -> EntrySigner:
         if self.signer is None:
@@ -550,7 +650,7 @@ class RedisTranscriptStore(TranscriptStore):
 
         def done() -> bool:
             for kernel_id, head in target.items():
-                if kernel_id in self.fenced:
+                if self.lease.is_fenced(kernel_id):
                     continue
                 records, _ = self.pending.snapshot(kernel_id, 0, head)
                 if records:
@@ -568,87 +668,16 @@ class RedisTranscriptStore(TranscriptStore):
                 await asyncio.wait_for(asyncio.shield(self._written.wait()), left)
         return True
 
-    # -- leases (the cluster node's) -------------------------------------------------
-
-    async def acquire(self, kernel_id: str, node: str, ttl: float) -> str | None:
-        """Take (or renew) the kernel's lease for ``node``; its value, or None if another
-        node holds it."""
-        keys = self.keys
-        value = await self._scripts["acquire"](
-            keys=[keys.of(kernel_id, "lease"), keys.of(kernel_id, "fence")],
-            args=[node, int(ttl * 1000)],
-        )
-        return value.decode() if isinstance(value, bytes) else value
-
-    async def acquire_again(self, kernel_id: str, node: str, ttl: float) -> str | None:
-        """A new lease for ``node`` if the lease ran out unused (see ``_REACQUIRE``)."""
-        keys = self.keys
-        head = await self._redis.hget(keys.of(kernel_id, "meta"), "head")
-        value = await self._scripts["reacquire"](
-            keys=[
-                keys.of(kernel_id, "lease"),
-                keys.of(kernel_id, "fence"),
-                keys.of(kernel_id, "meta"),
-            ],
-            args=[node, int(ttl * 1000), (head or b"0").decode()],
-        )
-        return value.decode() if isinstance(value, bytes) else value
-
-    async def renew(self, kernel_id: str, value: str, ttl: float) -> bool:
-        renewed = await self._scripts["renew"](
-            keys=[self.keys.of(kernel_id, "lease")], args=[value, int(ttl * 1000)]
-        )
-        return bool(renewed)
-
-    async def release(self, kernel_id: str, value: str) -> bool:
-        released = await self._scripts["release"](
-            keys=[self.keys.of(kernel_id, "lease")], args=[value]
-        )
-        return bool(released)
-
-    async def holder(self, kernel_id: str) -> str | None:
-        value = await self._redis.get(self.keys.of(kernel_id, "lease"))
-        return value.decode() if isinstance(value, bytes) else value
-
-    async def hand_over(self, kernel_id: str, value: str, clean: bool) -> bool:
-        """Release the kernel's lease for another node to take (a graceful stop), saying
-        whether everything this node gave a number is written and the kernel holds what
-        it publishes from here on (``clean``: the next owner needs no gap)."""
-        released = await self._scripts["hand_over"](
-            keys=[self.keys.of(kernel_id, "lease"), self.keys.of(kernel_id, "meta")],
-            args=[value, "1" if clean else "0"],
-        )
-        return bool(released)
-
-    async def take_over(self, kernel_id: str, lease: str, reason: str) -> Record | None:
-        """Number on above what the last owner reserved: one gap record for the numbers it
-        may have given out without writing (and whatever the kernel printed while no node
-        recorded it). Returns the gap record, written, or None if the kernel has no
-        transcript yet, or if its last owner handed it over cleanly (see
-        :meth:`hand_over`; :attr:`handed_over` then has it)."""
-        meta = self.keys.of(kernel_id, "meta")
-        head, reserved, handed = await self._redis.hmget(meta, "head", "reserved", "handed_over")
-        if handed is not None:
-            await self._redis.hdel(meta, "handed_over")
-        if handed == b"1":
-            self.handed_over.add(kernel_id)
-            return None
-        if head is None and reserved is None:
-            return None
-        if handed == b"0":
-            reason = "owner_stopped"
-        head = int(head or 0)
-        last = max(int(reserved or 0), head + 1)
-        now = time.time()
-        gap = gap_record(kernel_id, head + 1, last, reason, now=now, date=iso_date(now))
-        await self.append_now(kernel_id, [gap], lease)
-        return gap
-
     # -- reads ---------------------------------------------------------------------
 
+    def durable_head(self, kernel_id: str) -> int:
+        return self.pending.durable_head(kernel_id)
+
     async def head(self, kernel_id: str) -> int:
+        """The last seq written or numbered here (the recorder numbers on above it)."""
         info = await self.info(kernel_id)
-        return info.head if info is not None else 0
+        durable = info.head if info is not None else 0
+        return max(durable, self.pending.assigned_head(kernel_id), self.forsaken_head(kernel_id))
 
     async def info(self, kernel_id: str) -> TranscriptInfo | None:
         keys = self.keys
@@ -659,9 +688,10 @@ class RedisTranscriptStore(TranscriptStore):
         assigned = self.pending.assigned_head(kernel_id)
         if head is None and not assigned:
             return None
-        durable = int(head or 0)
-        top = max(durable, assigned)
-        first_seq = seq_of(first[0][0]) if first else durable + 1
+        # What Redis holds, not what this node numbered: a number is the history only once
+        # Redis has it (see the module docstring).
+        top = int(head or 0)
+        first_seq = seq_of(first[0][0]) if first else top + 1
         if first:
             # A gap record's entry is at its last number; it stands for the ones before.
             with contextlib.suppress(MalformedMessage):
@@ -681,26 +711,14 @@ class RedisTranscriptStore(TranscriptStore):
         max_bytes: int | None = None,
     ) -> TranscriptPage:
         upper = until if until is not None else _FAR
-        pending, committed = self.pending.snapshot(kernel_id, since, upper)
         info = await self.info(kernel_id)
         head = info.head if info else 0
         first_seq = info.first_seq if info else 1
-        query = Query(
-            since, min(upper, committed, head), limit, parent, msg_types, marks, max_bytes
-        )
+        # What Redis holds alone: a pending record may yet be fenced, its number given to
+        # other output by another node (see the module docstring).
+        query = Query(since, min(upper, head), limit, parent, msg_types, marks, max_bytes)
         records, taken = await self._read_log(kernel_id, query)
-        last = records[-1].seq if records else since
         full = query.full(len(records), taken)
-        if not full:
-            for record in pending:
-                if record.seq <= last or not query.wants(record):
-                    continue
-                records.append(record)
-                last = record.seq
-                taken += record.message.size
-                if query.full(len(records), taken):
-                    full = True
-                    break
         scanned = records[-1].seq if full else max(since, min(upper, head))
         discarded = (since + 1, first_seq - 1) if since + 1 < first_seq else None
         return TranscriptPage(records, head, first_seq, discarded, scanned)
@@ -735,18 +753,14 @@ class RedisTranscriptStore(TranscriptStore):
         return records, taken
 
     async def marks(self, kernel_id: str, since: int) -> list[Record]:
-        pending, committed = self.pending.snapshot(kernel_id, since, _FAR)
         entries = await self._redis.xrange(
             self.keys.of(kernel_id, "marks"), entry_id(since + 1), "+"
         )
         stored = []
-        for entry, fields in entries:
-            if seq_of(entry) > committed:
-                break
+        for _, fields in entries:
             with contextlib.suppress(MalformedMessage):
                 stored.append(record_of_entry(kernel_id, fields))
-        last = stored[-1].seq if stored else since
-        return stored + [r for r in pending if r.seq > last and is_mark(r.message)]
+        return stored
 
     async def load_cursor(self, kernel_id: str, session_id: str) -> int | None:
         cached = self._cursors.get((kernel_id, session_id))
@@ -781,7 +795,7 @@ class RedisTranscriptStore(TranscriptStore):
             "write_batches": self.batches,
             "write_failures": self.failures,
             "last_error": self.last_error,
-            "fenced_kernels": sorted(self.fenced),
+            "fenced_kernels": self.lease.fenced_kernels(),
         }
         if pending.dropping:
             return ComponentHealth("store", State.FAILING, "backlog_full_records_dropped", details)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import heapq
 import json
 import os
@@ -38,7 +37,7 @@ from traitlets import Enum, Float, Int, Unicode, default
 
 from ..core.errors import MalformedMessage, StoreUnavailable
 from ..core.health import ComponentHealth, State
-from ..core.marks import gap_record, is_mark
+from ..core.marks import backlog_gap, gap_record, is_mark, iso_date
 from ..core.messages import Record
 from ..core.records import NO_PARENT, ParentHeader, decode_chunk, encode_record
 from .base import TranscriptInfo, TranscriptPage, TranscriptStore
@@ -61,15 +60,6 @@ __all__ = ["SQLiteTranscriptStore"]
 
 _DEFAULT_DIRECTORY = "kernel_gateway_stream"
 _FAR = 1 << 62
-
-
-def iso_date(seconds: float) -> str:
-    """A header date as kernels write them (ISO 8601, UTC)."""
-    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).isoformat()
-
-
-def _make_gap(kernel_id: str, first: int, last: int, now: float) -> Record:
-    return gap_record(kernel_id, first, last, "store_backlog_full", now=now, date=iso_date(now))
 
 
 class SQLiteTranscriptStore(TranscriptStore):
@@ -110,13 +100,21 @@ class SQLiteTranscriptStore(TranscriptStore):
         config=True,
         help="Largest run of records stored in one row (a single larger record is one row).",
     )
+    writes_failing_after = Float(
+        10.0,
+        config=True,
+        help="Seconds of failing writes (a full or read-only disk, the files gone) after which "
+        "the store reports 'failing' (health 503: nothing new becomes durable) rather than "
+        "'degraded' (a short stall, such as another process holding the database's lock).",
+    )
     max_pending_bytes = Int(
         64 * 1024 * 1024,
         config=True,
         help="Most bytes of records waiting to be written (plus one gap record, a few hundred "
         "bytes, per kernel). Past it (a disk too slow, or refusing writes) records are "
         "numbered and sent to live clients but not kept: the transcript gets a gap record for "
-        "them, and the store reports 'failing'.",
+        "them, and the store reports 'failing'. Statuses and the gateway's own records have "
+        "a reserve of an eighth more, so that every execution still ends in the transcript.",
     )
     reserve_ahead = Int(
         100000,
@@ -179,7 +177,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         self._lock = hold_store_lock(path)  # one writer per store (stores/lock.py)
         create_private_file(path)
         self._numbered = NumberedMarks(path + "-numbered")
-        self.pending = PendingBuffer(self.max_pending_bytes, _make_gap)
+        self.pending = PendingBuffer(self.max_pending_bytes, backlog_gap)
         self._keys: dict[str, int] = {}
         self._cursors: dict[tuple[str, str], int] = {}
         self._generation = 0
@@ -382,6 +380,9 @@ class SQLiteTranscriptStore(TranscriptStore):
         await asyncio.get_running_loop().run_in_executor(None, done.wait, self.close_timeout)
 
     # -- reads ---------------------------------------------------------------------
+
+    def durable_head(self, kernel_id: str) -> int:
+        return self.pending.durable_head(kernel_id)
 
     async def head(self, kernel_id: str) -> int:
         info = await self.info(kernel_id)
@@ -607,7 +608,10 @@ class SQLiteTranscriptStore(TranscriptStore):
         if state.unreserved:
             return ComponentHealth("store", State.FAILING, "numbering_above_reservation", details)
         if state.write_error is not None:
-            return ComponentHealth("store", State.DEGRADED, "writes_failing", details)
+            since = state.failing_since
+            failing = since is not None and time.monotonic() - since >= self.writes_failing_after
+            level = State.FAILING if failing else State.DEGRADED
+            return ComponentHealth("store", level, "writes_failing", details)
         if pending.bytes > pending.max_bytes // 2:
             return ComponentHealth("store", State.DEGRADED, "backlog_high", details)
         return ComponentHealth("store", State.OK, None, details)

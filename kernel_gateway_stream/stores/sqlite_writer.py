@@ -24,6 +24,7 @@ One thread writes every kernel's transcript, one transaction per batch:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import datetime
 import os
 import sqlite3
@@ -317,7 +318,7 @@ class TranscriptWriter(threading.Thread):
                 connection.execute(control.sql, control.args)
             connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            _rollback(connection)
             self._forget_uncommitted(by_kernel)
             raise
         self.state.unreserved.difference_update(by_kernel)
@@ -564,7 +565,7 @@ class TranscriptWriter(threading.Thread):
             )  # fmt: skip
             connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            _rollback(connection)
             raise
         self._parents.pop(kernel_id, None)
         self.log.debug("Retention discarded %s records up to seq %s", kernel_id, last)
@@ -581,7 +582,7 @@ class TranscriptWriter(threading.Thread):
             connection.execute("DELETE FROM kernels WHERE key = ?", (key,))
             connection.execute("COMMIT")
         except BaseException:
-            connection.execute("ROLLBACK")
+            _rollback(connection)
             raise
         self.keys.pop(kernel_id, None)
         self._parents.pop(kernel_id, None)
@@ -607,6 +608,17 @@ class TranscriptWriter(threading.Thread):
         self._connection = None
         with self.committed:
             self.committed.notify_all()
+
+
+def _rollback(connection: sqlite3.Connection) -> None:
+    """Roll back the transaction a failed write began, if SQLite has not already: after
+    some errors (a full disk, an I/O error) it rolls back by itself, and a ROLLBACK then
+    raised "cannot rollback - no transaction is active" in place of the error, skipping
+    what undoes the writer's own bookkeeping."""
+    if connection.in_transaction:
+        # A broken connection fails this too: the error being raised says why.
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
 
 
 def _chunk(

@@ -203,6 +203,11 @@ def require_chromium() -> None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
 
 
+#: The cases that share one ``jupyter lab`` run on one worker, so that it starts once (a
+#: module-scoped fixture is made once per pytest-xdist worker that uses it).
+SHARED_LAB = pytest.mark.xdist_group("jupyterlab")
+
+
 @pytest.fixture(scope="module")
 def shared_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """One ``jupyter lab`` for the cases that do not restart it (a notebook each)."""
@@ -297,8 +302,15 @@ async def open_notebook(page: Any, base_url: str, name: str) -> None:
     its kernel is connected and idle. Each notebook has a workspace of its own, so the
     cases sharing a server do not reopen each other's notebooks."""
     workspace = name.removesuffix(".ipynb")
+    sockets: list[str] = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
     await page.goto(f"{base_url}/lab/workspaces/{workspace}/tree/{name}?token={TOKEN}")
     await notebook_shown(page)
+    # The indicator reads idle before the notebook has its kernel too, and a cell run then
+    # makes JupyterLab start one itself or, failing that, open its "Select Kernel" dialog
+    # over the page (seen under load). The kernel's channels socket opens once the session
+    # has its kernel.
+    await until("the kernel's channels socket", socket_after(sockets, 0))
     await page.wait_for_selector(
         ".jp-NotebookPanel-toolbar .jp-Notebook-ExecutionIndicator[data-status='idle']",
         timeout=seconds(60) * 1000,
@@ -437,6 +449,7 @@ def in_order_once(lines: list[str], expected: list[str]) -> None:
     assert lines == expected, "out of order"
 
 
+@SHARED_LAB
 async def test_a_flood_shows_every_line(shared_lab: Lab) -> None:
     """(a) 20,000 lines as fast as the kernel prints them: all of them, once, in order."""
     name = shared_lab.notebook("flood.ipynb", FLOOD)
@@ -451,6 +464,7 @@ async def test_a_flood_shows_every_line(shared_lab: Lab) -> None:
     await shared_lab.shutdown_kernel(name)
 
 
+@SHARED_LAB
 async def test_a_reload_mid_run_shows_every_line_and_stays_live(shared_lab: Lab) -> None:
     """(b) The page is reloaded while a cell prints: the cell comes back with what it
     printed meanwhile, shows it runs, and goes on to the end; every line once, in order."""
@@ -538,6 +552,7 @@ async def test_a_gateway_restart_mid_run_loses_only_what_it_could_not_see(
         await lab.shutdown_kernel(name)
 
 
+@SHARED_LAB
 async def test_a_dropped_connection_resumes_with_nothing_lost_or_repeated(
     shared_lab: Lab,
 ) -> None:
@@ -584,6 +599,7 @@ def socket_after(sockets: list[str], before: int) -> Callable[[], Awaitable[bool
     return check
 
 
+@SHARED_LAB
 async def test_a_progress_bar_is_restored_to_its_last_state(shared_lab: Lab) -> None:
     """(e) A tqdm-style bar (``\r`` and no newline) reloaded mid-run: one line, its
     latest state, updating in place to the end."""
@@ -605,6 +621,7 @@ async def test_a_progress_bar_is_restored_to_its_last_state(shared_lab: Lab) -> 
     await shared_lab.shutdown_kernel(name)
 
 
+@SHARED_LAB
 async def test_output_of_a_cell_that_ended_while_no_page_was_open_appears(
     shared_lab: Lab,
 ) -> None:

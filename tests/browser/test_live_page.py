@@ -107,10 +107,15 @@ async def until(page: Any, check: Callable[[str], bool], what: str, timeout: flo
         await asyncio.sleep(0.1)
 
 
-async def test_the_page_shows_output_as_it_happens_safely(daemon: Daemon) -> None:
+#: The tests on the module's one daemon (each on a kernel of its own) run on one worker,
+#: so that it starts once.
+SHARED_DAEMON = pytest.mark.xdist_group("test_live_page-daemon")
+
+
+@SHARED_DAEMON
+async def test_the_page_shows_output_as_it_happens_safely(module_daemon: Daemon) -> None:
+    daemon = module_daemon
     ARTIFACTS.mkdir(exist_ok=True)
-    daemon.start()
-    await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
     async with chromium() as browser:
         page = await browser.new_page(viewport={"width": 1200, "height": 900})
@@ -156,10 +161,10 @@ display(Image(data=png, format="png"))
 """
 
 
-async def test_tracebacks_images_and_html_are_shown_safely(daemon: Daemon) -> None:
+@SHARED_DAEMON
+async def test_tracebacks_images_and_html_are_shown_safely(module_daemon: Daemon) -> None:
+    daemon = module_daemon
     ARTIFACTS.mkdir(exist_ok=True)
-    daemon.start()
-    await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
     async with chromium() as browser:
         page = await browser.new_page(viewport={"width": 1200, "height": 900})
@@ -233,9 +238,9 @@ async def test_the_page_survives_a_gateway_restart_and_shows_what_it_missed(
         await page.screenshot(path=str(ARTIFACTS / "live-page-after-restart.png"), full_page=True)
 
 
-async def test_an_unauthenticated_visit_is_refused(daemon: Daemon) -> None:
-    daemon.start()
-    await daemon.wait_ready()
+@SHARED_DAEMON
+async def test_an_unauthenticated_visit_is_refused(module_daemon: Daemon) -> None:
+    daemon = module_daemon
     client = AsyncHTTPClient()
     for path in ("/kernel_gateway_stream/", "/kernel_gateway_stream/static/live.js"):
         response = await client.fetch(daemon.url + path, follow_redirects=False, raise_error=False)
@@ -285,14 +290,14 @@ handle.update("second value")
 """
 
 
-async def test_earlier_output_on_demand_and_display_updates(daemon: Daemon) -> None:
+@SHARED_DAEMON
+async def test_earlier_output_on_demand_and_display_updates(module_daemon: Daemon) -> None:
     """A kernel whose transcript is longer than the page replays when it opens (5,000
     records): the earliest lines are not shown until "Show earlier output" is clicked,
     then they are, once and in order before the rest. A display updated by its
     ``display_id`` shows its last value only, also when it is updated from a later cell."""
+    daemon = module_daemon
     ARTIFACTS.mkdir(exist_ok=True)
-    daemon.start()
-    await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
     await finished(daemon, kernel_id, await execute(daemon, kernel_id, MANY))
     await finished(daemon, kernel_id, await execute(daemon, kernel_id, DISPLAYS))

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,11 +24,29 @@ from .wsclient import KernelWS
 TOKEN = "test-token-for-the-daemon"
 
 
+#: Where the system picks a port for a bind to port 0 (kernels' ZeroMQ ports, every
+#: jupyter_client and test server that asks for any free port).
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port :func:`free_port` gives.
+LOWEST_PORT = 10000
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A port nothing listens on, for a server that a test starts and that binds it later.
+
+    Not one the system would hand out for port 0: such a port, released here, may be given
+    to a kernel starting meanwhile before the server binds it ("port ... is already in use",
+    seen with four workers beside another run). Below that range a port is taken only by
+    an explicit bind; it is picked at random and checked free."""
+    first_ephemeral = int(EPHEMERAL.read_text().split()[0]) if EPHEMERAL.exists() else 32768
+    while True:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", random.randrange(LOWEST_PORT, first_ephemeral)))
+            except OSError:
+                continue  # taken: pick another
+            port: int = sock.getsockname()[1]
+            return port
 
 
 class Daemon:
@@ -94,7 +113,7 @@ class Daemon:
                 await client.fetch(f"{self.url}/api/kernels", headers=headers or self.headers)
                 return
             except (ConnectionError, OSError, HTTPClientError):
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.05)  # a poll, not a wait for anything in particular
         raise TimeoutError(self.log.read_text())
 
     def kill_hard(self) -> None:
@@ -136,3 +155,18 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     instance = Daemon(tmp_path)
     yield instance
     instance.stop()
+
+
+@pytest.fixture(scope="module")
+def module_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon with the default options, started once for a module's tests that each
+    use kernels of their own on it and assert only about those (a test that restarts,
+    kills or configures its daemon takes ``daemon``). A module-scoped fixture is made once
+    per pytest-xdist worker: mark its tests with one ``xdist_group`` so it starts once."""
+    instance = Daemon(tmp_path_factory.mktemp("daemon"))
+    instance.start()
+    try:
+        asyncio.run(instance.wait_ready())
+        yield instance
+    finally:
+        instance.stop()

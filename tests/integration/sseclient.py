@@ -76,7 +76,14 @@ class SSEReader:
             if self.response.done():
                 raise AssertionError(f"stream ended early: {self.response.result().code}")
             self._arrived.clear()
-            await asyncio.wait_for(self._arrived.wait(), max(0.01, deadline - loop.time()))
+            try:
+                await asyncio.wait_for(self._arrived.wait(), max(0.01, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                last = [(e.id, e.event) for e in self.events[-5:]]
+                raise AssertionError(
+                    f"not done in {seconds(timeout):.0f} s: {len(self.events)} events, "
+                    f"the last {last}"
+                ) from None
         return self.events
 
     async def until_idle(self, parent: str, timeout: float = 120) -> list[Event]:

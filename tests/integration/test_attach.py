@@ -133,7 +133,9 @@ async def test_channels_and_stream_on_an_attached_kernel(
 
 
 async def test_bad_connection_info_is_a_clear_400(daemon: Daemon, outside: OutsideKernel) -> None:
-    daemon.start()
+    # A kernel that cannot answer (a wrong key) fails once attach_timeout has passed: 2 s
+    # (scaled), not the default 10.
+    daemon.start(f"--KernelAttacher.attach_timeout={seconds(2)}")
     await daemon.wait_ready()
     cases: list[tuple[Any, str]] = [
         ({"ip": "127.0.0.1"}, "invalid_connection_info"),
@@ -231,3 +233,21 @@ async def test_a_kernel_that_stops_answering_shows_it(
         assert events == ["unreachable", "reachable"]
         # A SIGSTOPped kernel keeps its connections: nothing was lost, so no gap record.
         assert not [r for r in records if r["msg_type"] == "kernel_gateway_stream_gap"]
+
+
+def test_a_kernel_listed_before_jupyter_server_stamped_it_is_listed() -> None:
+    """A kernel in the manager's list before jupyter_server stamped its ``last_activity``
+    (another node's kernel being attached, one re-attached): jupyter_server's model raised
+    AttributeError on it, and ``GET /api/kernels`` answered 500 (seen polling a node of a
+    cluster whose Redis had restarted empty)."""
+    from kernel_gateway_stream.kernels.mapping import StreamMappingKernelManager
+
+    class Unstamped:
+        kernel_name = "python3"
+        execution_state = "starting"
+
+    manager = StreamMappingKernelManager()
+    manager._kernels["k1"] = Unstamped()
+    (model,) = manager.list_kernels()
+    assert (model["id"], model["execution_state"]) == ("k1", "starting")
+    assert model["last_activity"].endswith("Z")

@@ -95,6 +95,37 @@ async def test_each_cells_latest_execution_folded(
     assert [e["cell_id"] for e in later["executions"]] == ["cell-c"]
 
 
+OUTPUT_WIDGET = """
+from IPython.display import display
+from ipywidgets import Output
+out = Output()
+display(out)
+print('before')
+with out:
+    print('inside output')
+    raise ValueError('shown in the widget')
+print('after')
+"""
+
+
+async def test_what_an_output_widget_captured_stays_the_widgets(
+    jp_fetch: Any, start_kernel: Any, connect: Any
+) -> None:
+    """ipywidgets 8 in a real kernel: the text an Output widget captured is not restored a
+    second time as the cell's own output (JupyterLab gave it to the widget, whose model the
+    kernel keeps: a reload shows it there), nor is its error the cell's."""
+    kernel_id = await start_kernel()
+    ws = await connect(kernel_id)
+    msg_id = ws.execute(OUTPUT_WIDGET, cell_id="widget")
+    received = await ws.until_idle(msg_id, timeout=seconds(60))
+    assert "inside output\n" in received.text(), "the kernel printed it, to the widget"
+    (cell,) = (await cells(jp_fetch, kernel_id))["executions"]
+    assert cell["status"] == "ok"
+    widget, text = cell["outputs"]
+    assert "application/vnd.jupyter.widget-view+json" in widget["data"]
+    assert text == {"output_type": "stream", "name": "stdout", "text": "before\nafter\n"}
+
+
 async def test_a_running_cell_and_a_restart(jp_fetch: Any, start_kernel: Any, connect: Any) -> None:
     kernel_id = await start_kernel()
     ws = await connect(kernel_id)

@@ -54,6 +54,7 @@ async def test_flood_reaches_three_clients_complete_once_in_order(
     assert await transcript(kernel_id, format="text", parent=msg_id) == FLOOD_TEXT
 
 
+@pytest.mark.smoke
 async def test_every_iopub_message_has_one_seq_gap_free(
     start_kernel: Any, connect: Any, transcript: Any
 ) -> None:
@@ -125,6 +126,7 @@ async def test_reconnect_with_session_id_gets_exactly_what_it_missed(
     assert_contiguous(after)
 
 
+@pytest.mark.smoke
 async def test_since_resumes_exactly_across_replay_to_live(
     start_kernel: Any, connect: Any, transcript: Any
 ) -> None:
@@ -180,7 +182,28 @@ async def test_slow_client_is_disconnected_with_its_resume_point(
     lines = 25000
     msg_id = runner.execute(f"for i in range({lines}): print({line!r}, i, flush=True)")
     expected = "".join(f"{line} {i}\n" for i in range(lines))
-    running = asyncio.ensure_future(runner.until_idle(msg_id, timeout=300))
+
+    async def run() -> Received:
+        # The reading client keeps up, on a quiet machine; on one starved of CPU it may
+        # fall 4 MiB behind and be cut off as well: then it resumes after the last seq it
+        # got, as a client does (the close's reason may not reach it: a client that does
+        # not read the close in 5 s is aborted).
+        nonlocal runner
+        received = Received(parent=msg_id)
+        while True:
+            try:
+                await runner.until_idle(msg_id, timeout=300)
+            except AssertionError:
+                if runner.ws.close_code not in (4008, None):
+                    raise
+                received.messages += runner.history
+                last_seq = received.seq_ranges()[-1][1]
+                runner = await connect(kernel_id, protocol="v1", since=last_seq)
+                continue
+            received.messages += runner.history
+            return received
+
+    running = asyncio.ensure_future(run())
     # Once the gateway has cut the stalled client off, it reads: what it was sent, then
     # the close with its reason. (Not later: a client that does not answer a close within
     # tornado's 5 s is aborted, and would never see the reason.)

@@ -87,6 +87,7 @@ def gateway(
     proxy.close()
 
 
+@pytest.mark.smoke
 async def test_execute_with_live_callbacks(gateway: Any) -> None:
     kernel_id = await gateway.start_kernel()
     out: list[str] = []

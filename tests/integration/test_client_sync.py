@@ -12,10 +12,13 @@ from kernel_gateway_stream.client import GatewayHTTPError, NotFound, SyncGateway
 
 from .daemon import TOKEN, Daemon
 
+#: The tests on the module's one daemon (each on a kernel of its own) run on one worker,
+#: so that it starts once.
+pytestmark = pytest.mark.xdist_group("test_client_sync-daemon")
 
-async def test_sync_client_inside_a_running_event_loop(daemon: Daemon) -> None:
-    daemon.start()
-    await daemon.wait_ready()
+
+async def test_sync_client_inside_a_running_event_loop(module_daemon: Daemon) -> None:
+    daemon = module_daemon
     asyncio.get_running_loop()  # this thread's loop runs: the old client could not run here
     with SyncGatewayClient(daemon.url, TOKEN) as client:
         kernel_id = client.start_kernel()
@@ -64,9 +67,8 @@ async def test_sync_client_inside_a_running_event_loop(daemon: Daemon) -> None:
         client.shutdown(kernel_id)
 
 
-async def test_interrupting_an_execution_and_its_errors(daemon: Daemon) -> None:
-    daemon.start()
-    await daemon.wait_ready()
+async def test_interrupting_an_execution_and_its_errors(module_daemon: Daemon) -> None:
+    daemon = module_daemon
     with SyncGatewayClient(daemon.url, TOKEN) as client:
         kernel_id = client.start_kernel()
         code = "import time\nprint('ready', flush=True)\ntime.sleep(60)"

@@ -17,6 +17,7 @@ from .daemon import Daemon
 from .waits import wait_until
 
 
+@pytest.mark.smoke
 async def test_daemon_serves_kernels_not_files_and_needs_its_token(daemon: Daemon) -> None:
     daemon.start()
     await daemon.wait_ready()

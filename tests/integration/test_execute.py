@@ -61,6 +61,7 @@ def text(events: list[Event], name: str = "stdout") -> str:
     return "".join(e.data["text"] for e in events if e.event == name)
 
 
+@pytest.mark.smoke
 async def test_execute_streams_every_event_type_and_done(start_kernel: Any, api: Any) -> None:
     kernel_id = await start_kernel()
     code = (

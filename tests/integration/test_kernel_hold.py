@@ -6,7 +6,9 @@ ipykernel, real sockets, jupyter_client as the subscriber."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,13 +35,18 @@ def kernel(request: pytest.FixtureRequest) -> Iterator[tuple[KernelManager, int]
         "{connection_file}",
         f"--LosslessIOPubKernelApp.iopub_hold_bytes={hold}",
     ]
-    manager = KernelManager()
+    # IPC, not TCP: jupyter_client picks free TCP ports and the kernel binds them later, and
+    # a test running beside this one could take one in between ("Address already in use",
+    # seen in a fresh-clone run). A short directory: a socket's path has ~100 bytes at most.
+    directory = tempfile.mkdtemp(prefix="kgs-hold-")
+    manager = KernelManager(transport="ipc", ip=os.path.join(directory, "k"))
     manager._kernel_spec = KernelSpec(argv=argv, display_name="held", language="python")
     manager.start_kernel(env=dict(os.environ, PYDEVD_DISABLE_FILE_VALIDATION="1"))
     try:
         yield manager, hold
     finally:
         manager.shutdown_kernel(now=True)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _messages(client: Any, until: float) -> list[dict[str, Any]]:

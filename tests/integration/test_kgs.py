@@ -3,7 +3,6 @@ gateway is unreachable, when the user presses Ctrl-C, when the terminal closes."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -51,10 +50,18 @@ def stopped_quietly(process: subprocess.Popen[str]) -> tuple[int, str, list[str]
     return code, stdout, [line for line in stderr.splitlines() if line.startswith("kgs:")]
 
 
+#: The tests on the module's one daemon run on one worker, so that it starts once.
+SHARED_DAEMON = pytest.mark.xdist_group("test_kgs-daemon")
+
+
+def kernel_ids(daemon: Daemon) -> set[str]:
+    """The kernels running on ``daemon`` (the module's: a test compares before and after)."""
+    with SyncGatewayClient(daemon.url, TOKEN) as client:
+        return {kernel["id"] for kernel in client.list_kernels()}
+
+
 def start_run(daemon: Daemon, *options: str, ignore_sigint: bool = False) -> Any:
     """``kgs run`` of code that sleeps a minute, once the code runs."""
-    daemon.start()
-    asyncio.run(daemon.wait_ready())
     program = "import time\nprint('ready', flush=True)\ntime.sleep(60)"
     if ignore_sigint:
         program = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n" + program
@@ -126,9 +133,9 @@ def test_follow_says_on_stderr_that_it_reconnects() -> None:
     assert server.requests[1][1]["last-event-id"] == "1"
 
 
-def test_export_since_in_text(daemon: Daemon) -> None:
-    daemon.start()
-    asyncio.run(daemon.wait_ready())
+@SHARED_DAEMON
+def test_export_since_in_text(module_daemon: Daemon) -> None:
+    daemon = module_daemon
     with SyncGatewayClient(daemon.url, TOKEN) as client:
         kernel_id = client.start_kernel()
         early = client.execute(kernel_id, "print('early')")
@@ -145,9 +152,9 @@ def test_export_since_in_text(daemon: Daemon) -> None:
     )
 
 
-def test_ctrl_c_on_a_live_follow_exits_130_quietly(daemon: Daemon) -> None:
-    daemon.start()
-    asyncio.run(daemon.wait_ready())
+@SHARED_DAEMON
+def test_ctrl_c_on_a_live_follow_exits_130_quietly(module_daemon: Daemon) -> None:
+    daemon = module_daemon
     with SyncGatewayClient(daemon.url, TOKEN) as client:
         kernel_id = client.start_kernel()
         client.execute(kernel_id, "print('early')")
@@ -161,31 +168,40 @@ def test_ctrl_c_on_a_live_follow_exits_130_quietly(daemon: Daemon) -> None:
         client.shutdown(kernel_id)
 
 
+@SHARED_DAEMON
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_a_stopped_run_shuts_its_kernel_down(daemon: Daemon, signum: int, code: int) -> None:
+def test_a_stopped_run_shuts_its_kernel_down(module_daemon: Daemon, signum: int, code: int) -> None:
     """SIGTERM, or SIGHUP from a closed terminal: the kernel ``kgs run`` started does not
     outlive it."""
-    running = start_run(daemon)
+    before = kernel_ids(module_daemon)
+    running = start_run(module_daemon)
+    assert len(kernel_ids(module_daemon) - before) == 1  # the run's, while it runs
     running.send_signal(signum)
     assert stopped_quietly(running) == (code, "", [])
-    with SyncGatewayClient(daemon.url, TOKEN) as client:
-        assert client.list_kernels() == []
+    assert kernel_ids(module_daemon) == before
 
 
-def test_a_stopped_run_with_keep_leaves_its_kernel_and_says_which(daemon: Daemon) -> None:
-    running = start_run(daemon, "--keep")
+@SHARED_DAEMON
+def test_a_stopped_run_with_keep_leaves_its_kernel_and_says_which(module_daemon: Daemon) -> None:
+    before = kernel_ids(module_daemon)
+    running = start_run(module_daemon, "--keep")
     running.send_signal(signal.SIGTERM)
     code, _, said = stopped_quietly(running)
-    with SyncGatewayClient(daemon.url, TOKEN) as client:
-        kernels: list[dict[str, Any]] = client.list_kernels()
+    kept = kernel_ids(module_daemon) - before
+    assert len(kept) == 1
+    (kernel_id,) = kept
+    with SyncGatewayClient(module_daemon.url, TOKEN) as client:
         assert code == 143
-        assert said == [f"kgs: kernel {kernels[0]['id']} kept"]
-        client.shutdown(kernels[0]["id"])
+        assert said == [f"kgs: kernel {kernel_id} kept"]
+        client.shutdown(kernel_id)
 
 
-def test_a_second_ctrl_c_stops_waiting_for_the_interrupt(daemon: Daemon) -> None:
+@SHARED_DAEMON
+def test_a_second_ctrl_c_stops_waiting_for_the_interrupt(module_daemon: Daemon) -> None:
     """The first Ctrl-C interrupts the kernel; code that ignores it is left behind by the
     second, and the kernel is shut down."""
+    daemon = module_daemon
+    before = kernel_ids(daemon)
     running = start_run(daemon, ignore_sigint=True)
     assert running.stderr is not None
     running.send_signal(signal.SIGINT)
@@ -195,15 +211,16 @@ def test_a_second_ctrl_c_stops_waiting_for_the_interrupt(daemon: Daemon) -> None
     assert told == "kgs: interrupting the kernel (Ctrl-C again to stop waiting)\n"
     running.send_signal(signal.SIGINT)  # the code ignores the interrupt: stop waiting
     assert stopped_quietly(running) == (130, "", [])
-    with SyncGatewayClient(daemon.url, TOKEN) as client:
-        assert client.list_kernels() == []
+    assert kernel_ids(daemon) == before
 
 
-def test_follow_says_where_the_kernel_restarted_and_keeps_following(daemon: Daemon) -> None:
+@SHARED_DAEMON
+def test_follow_says_where_the_kernel_restarted_and_keeps_following(
+    module_daemon: Daemon,
+) -> None:
     """A restart is an epoch boundary on every surface: ``kgs follow`` says on stderr
     where the kernel's new life begins, between the old life's output and the new."""
-    daemon.start()
-    asyncio.run(daemon.wait_ready())
+    daemon = module_daemon
     with SyncGatewayClient(daemon.url, TOKEN) as client:
         kernel_id = client.start_kernel()
         client.execute(kernel_id, "print('before')")

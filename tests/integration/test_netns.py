@@ -59,6 +59,7 @@ from kernel_gateway_stream.kernels.netns_enter import blocking_ancestor, setpriv
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
+from .waits import wait_until
 
 #: Namespace tests run one at a time, on one worker: the sweep removes every namespace a
 #: test leaves, and each daemon takes the first free subnet of the same pool.
@@ -594,6 +595,21 @@ async def test_a_link_that_fails_mid_run_loses_nothing(netns_daemon: Daemon) -> 
     assert namespace_name(kernel_id) not in listed_namespaces()
 
 
+async def interrupt_reaches(client: GatewayClient, kernel_id: str) -> None:
+    """A long sleep on ``kernel_id`` ends ``interrupted`` when the kernel is interrupted."""
+    msg_id = await client.start_execution(kernel_id, "import time; time.sleep(600)")
+
+    def status_is(wanted: str) -> Any:
+        async def check() -> bool:
+            return (await client.execution(kernel_id, msg_id)).status == wanted
+
+        return check
+
+    await wait_until(status_is("running"), "the sleep to start", timeout=60)
+    await client.interrupt(kernel_id)
+    await wait_until(status_is("interrupted"), "the interrupt", timeout=60)
+
+
 async def test_a_kernel_re_attached_after_a_gateway_crash_takes_its_namespace_with_it(
     netns_daemon: Daemon,
 ) -> None:
@@ -619,6 +635,8 @@ async def test_a_kernel_re_attached_after_a_gateway_crash_takes_its_namespace_wi
         async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
             result = await client.execute(kernel_id, "print(state)")
             assert result.stdout == "kept\n", daemon.log_text()
+            # Interrupted by message: its process cannot be told from the gateway's side.
+            await interrupt_reaches(client, kernel_id)
             await client.shutdown(kernel_id)
         deadline = time.monotonic() + seconds(30)
         while name in listed_namespaces() or host_interface_name(kernel_id) in host_links():

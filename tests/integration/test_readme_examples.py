@@ -15,8 +15,20 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
+
+#: The tests on the module's one daemon (each on kernels of its own) run on one worker,
+#: so that it starts once.
+SHARED_DAEMON = pytest.mark.xdist_group("test_readme_examples-daemon")
+
+
+async def kernel_ids(daemon: Daemon) -> set[str]:
+    """The kernels running on ``daemon`` (the module's: a test compares before and after)."""
+    return {kernel["id"] for kernel in await daemon.fetch("/api/kernels")}
+
 
 ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
@@ -72,11 +84,14 @@ def test_every_link_between_the_readme_and_docs_points_at_a_heading_that_exists(
     assert broken == []
 
 
-async def test_the_async_client_example_runs_as_a_script(daemon: Daemon, tmp_path: Path) -> None:
+@SHARED_DAEMON
+async def test_the_async_client_example_runs_as_a_script(
+    module_daemon: Daemon, tmp_path: Path
+) -> None:
+    daemon = module_daemon
     script = tmp_path / "example.py"
     script.write_text(example("The Python client", "python"))
-    daemon.start()
-    await daemon.wait_ready()
+    before = await kernel_ids(daemon)
     done = subprocess.run(
         [sys.executable, str(script)],
         env=dict(os.environ, KGS_URL=daemon.url, KGS_TOKEN=TOKEN),
@@ -86,11 +101,13 @@ async def test_the_async_client_example_runs_as_a_script(daemon: Daemon, tmp_pat
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("0\n1\n2\nok 0\n1\n2\n"), done.stdout
-    assert await daemon.fetch("/api/kernels") == []
+    assert await kernel_ids(daemon) == before
 
 
-async def test_every_kgs_run_line_runs_as_written(daemon: Daemon) -> None:
+@SHARED_DAEMON
+async def test_every_kgs_run_line_runs_as_written(module_daemon: Daemon) -> None:
     """Each distinct `kgs run -c` line on a new kernel (a line naming a kernel ID needs one)."""
+    daemon = module_daemon
     lines = {
         line.split("#")[0].strip()
         for code in code_blocks("bash")
@@ -98,8 +115,7 @@ async def test_every_kgs_run_line_runs_as_written(daemon: Daemon) -> None:
         if line.startswith("kgs run ") and " -c " in line and " ID" not in line
     }
     assert "kgs run -c \"print('hi')\"" in lines
-    daemon.start()
-    await daemon.wait_ready()
+    before = await kernel_ids(daemon)
     for line in sorted(lines):
         done = subprocess.run(
             ["bash", "-ec", line],
@@ -111,19 +127,19 @@ async def test_every_kgs_run_line_runs_as_written(daemon: Daemon) -> None:
         assert done.returncode == 0, (line, done.stderr[-3000:])
         if "print('hi')" in line:
             assert done.stdout == "hi\n", line
-    assert await daemon.fetch("/api/kernels") == []
+    assert await kernel_ids(daemon) == before
 
 
+@SHARED_DAEMON
 async def test_the_execute_and_stream_curl_calls_run_as_written(
-    daemon: Daemon, tmp_path: Path
+    module_daemon: Daemon, tmp_path: Path
 ) -> None:
     """The SSE example follows the kernel while the execute example runs code on it."""
+    daemon = module_daemon
     execute = example("The execute API", "bash").replace(EXAMPLE_URL, "{url}")
     stream = example("`GET /api/kernels/{id}/stream`", "bash").replace(EXAMPLE_URL, "{url}")
     assert "{url}" in execute
     assert "{url}" in stream
-    daemon.start()
-    await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
     env = dict(os.environ, JUPYTER_TOKEN=TOKEN, KERNEL=kernel_id)
     streamed = tmp_path / "stream.out"

@@ -8,16 +8,19 @@ last owner may have given out, after an explicit gap record.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from kernel_gateway_stream.cluster.leases import LeaseMap
 from kernel_gateway_stream.core.errors import StoreUnavailable
 from kernel_gateway_stream.core.marks import GAP_MSG_TYPE, lifecycle_status
 from kernel_gateway_stream.core.messages import Record
-from kernel_gateway_stream.stores.redis import Fenced, RedisTranscriptStore
+from kernel_gateway_stream.stores.redis import Fenced, RedisTranscriptStore, StoreLost
 
 from .test_several_nodes import redis_url
 from .test_store import execute_request_header, kernel_like_record, stream_record
@@ -38,11 +41,17 @@ def store() -> Iterator[RedisTranscriptStore]:
     client.close()
 
 
-async def owned(store: RedisTranscriptStore, node: str = "a") -> str:
+@pytest.fixture
+def leases(store: RedisTranscriptStore) -> LeaseMap:
+    """Node a's leases, the ones the store appends with."""
+    return LeaseMap(store, "a", 30, logging.getLogger(__name__))
+
+
+async def owned(leases: LeaseMap, node: str = "a") -> str:
     kernel_id = str(uuid.uuid4())
-    lease = await store.acquire(kernel_id, node, 30)
+    lease = await leases.acquire(kernel_id, node, 30)
     assert lease is not None
-    store.leases[kernel_id] = lease
+    leases.hold(kernel_id, lease)
     return kernel_id
 
 
@@ -52,15 +61,17 @@ def texts(records: list[Record]) -> list[str]:
 
 async def test_records_are_readable_at_once_and_read_back_equal(
     store: RedisTranscriptStore,
+    leases: LeaseMap,
 ) -> None:
-    kernel_id = await owned(store)
+    kernel_id = await owned(leases)
     parent = execute_request_header()
     appended = [kernel_like_record(kernel_id, seq, f"line {seq}\n", parent) for seq in range(1, 51)]
     for record in appended:
         store.append(record)
-    # Before any write reached Redis: from the pending buffer.
+    # What is read is what Redis holds, never the pending buffer: a pending record is
+    # not the history yet (its append may yet be fenced).
     early = await store.read(kernel_id, 0, 1000)
-    assert [r.seq for r in early.records] == list(range(1, 51))
+    assert [r.seq for r in early.records] == list(range(1, early.head + 1))
     assert await store.flush(10)
     page = await store.read(kernel_id, 0, 1000)
     assert page.head == 50
@@ -81,17 +92,19 @@ async def test_records_are_readable_at_once_and_read_back_equal(
     assert [r.seq for r in ranged.records] == [41, 42, 43, 44, 45]
 
 
-async def test_a_node_that_lost_the_lease_cannot_append(store: RedisTranscriptStore) -> None:
-    kernel_id = await owned(store, "a")
+async def test_a_node_that_lost_the_lease_cannot_append(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    kernel_id = await owned(leases, "a")
     fenced: list[str] = []
-    store.on_fenced.append(fenced.append)
+    leases.on_fenced.append(fenced.append)
     store.append(stream_record(kernel_id, 1, "a's\n"))
     assert await store.flush(10)
     # A's lease is gone (expired while A was paused); B takes the kernel over.
     await store.redis.delete(store.keys.of(kernel_id, "lease"))
-    lease_b = await store.acquire(kernel_id, "b", 30)
+    lease_b = await leases.acquire(kernel_id, "b", 30)
     assert lease_b is not None
-    assert lease_b != store.leases[kernel_id]
+    assert lease_b != leases.value(kernel_id)
     # A, unaware, appends: refused by the script, not written.
     store.append(stream_record(kernel_id, 2, "stale\n"))
     await store.flush(10)
@@ -101,12 +114,14 @@ async def test_a_node_that_lost_the_lease_cannot_append(store: RedisTranscriptSt
     with pytest.raises(Fenced):
         await store.append_now(kernel_id, [stream_record(kernel_id, 3, "x\n")], "a:1")
     # B's token is the next one: a token is never handed out twice.
-    assert int(lease_b.rpartition(":")[2]) == int(store.leases[kernel_id].rpartition(":")[2]) + 1
+    assert int(lease_b.rpartition(":")[2]) == int(leases.value(kernel_id).rpartition(":")[2]) + 1
 
 
-async def test_a_retried_append_is_written_once(store: RedisTranscriptStore) -> None:
-    kernel_id = await owned(store)
-    lease = store.leases[kernel_id]
+async def test_a_retried_append_is_written_once(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    kernel_id = await owned(leases)
+    lease = leases.value(kernel_id)
     records = [stream_record(kernel_id, seq, f"{seq}\n") for seq in range(1, 6)]
     assert await store.append_now(kernel_id, records, lease) == 5
     # The reply was lost and the client sent it again (redis-py's retries do).
@@ -117,17 +132,18 @@ async def test_a_retried_append_is_written_once(store: RedisTranscriptStore) -> 
 
 async def test_a_takeover_numbers_on_above_the_reservation_after_a_gap(
     store: RedisTranscriptStore,
+    leases: LeaseMap,
 ) -> None:
     store.reserve_ahead = 100
-    kernel_id = await owned(store, "a")
+    kernel_id = await owned(leases, "a")
     for seq in range(1, 11):
         store.append(stream_record(kernel_id, seq, f"{seq}\n"))
     assert await store.flush(10)
     # A dies having handed out numbers up to its reservation (110) that it never wrote.
     await store.redis.delete(store.keys.of(kernel_id, "lease"))
-    lease_b = await store.acquire(kernel_id, "b", 30)
+    lease_b = await leases.acquire(kernel_id, "b", 30)
     assert lease_b is not None
-    gap = await store.take_over(kernel_id, lease_b, "owner_lost")
+    gap = await leases.take_over(kernel_id, lease_b, "owner_lost")
     assert gap is not None
     assert (gap.first_seq, gap.seq) == (11, 110)
     assert await store.head(kernel_id) == 110
@@ -138,11 +154,80 @@ async def test_a_takeover_numbers_on_above_the_reservation_after_a_gap(
     assert [m.seq for m in marks] == [110]
 
 
+async def forget_kernel(store: RedisTranscriptStore, kernel_id: str) -> None:
+    """What a Redis restarted empty has of ``kernel_id``: nothing (its keys deleted)."""
+    keys = [store.keys.of(kernel_id, what) for what in ("log", "marks", "meta", "lease", "fence")]
+    await store.redis.delete(*keys)
+
+
+async def test_fencing_tokens_never_go_backwards_when_redis_forgets(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    """After an empty restart INCR starts at 1 again: the next lease's token is above every
+    token this node has seen for the kernel, its own and its holders'."""
+    kernel_id = str(uuid.uuid4())
+    for node in ("a", "b", "c"):
+        taken = await leases.acquire(kernel_id, node, 30)
+        assert taken is not None
+        await store.redis.delete(store.keys.of(kernel_id, "lease"))
+    assert await leases.acquire(kernel_id, "d", 30) == "d:4"
+    await forget_kernel(store, kernel_id)
+    assert await leases.acquire(kernel_id, "a", 30) == "a:5"
+    assert await store.redis.get(store.keys.of(kernel_id, "fence")) == b"5"
+
+
+async def test_an_append_after_redis_forgot_waits_for_a_gap_over_what_it_lost(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    """Records 1-5 written, then Redis forgets the kernel: the next append is refused
+    (StoreLost, not appended after a silent hole) until a gap record covers 1-5; the
+    owner's lease taken again with a new value is not mistaken for another node's."""
+    kernel_id = await owned(leases)
+    lost: list[tuple[str, int]] = []
+    leases.on_store_lost.append(lambda k: lost.append((k, leases.lost[k])))
+    before = leases.value(kernel_id)
+    for seq in range(1, 6):
+        store.append(stream_record(kernel_id, seq, f"{seq}\n"))
+    assert await store.flush(10)
+    await forget_kernel(store, kernel_id)
+    with pytest.raises(StoreLost):
+        await store.append_now(kernel_id, [stream_record(kernel_id, 6, "6\n")], before)
+    assert await leases.renew(kernel_id, before, 30) == (False, 0)
+    # The writer on its own: kept, and the node told.
+    store.append(stream_record(kernel_id, 6, "6\n"))
+    await wait_for(lambda: bool(lost))
+    assert lost[0] == (kernel_id, 0)
+    assert (await store.read(kernel_id, 0, 100)).head == 0  # 6 pending: not the history
+    # The node takes the lease again (a new value) and covers the loss.
+    value = await leases.acquire(kernel_id, "a", 30)
+    assert value is not None
+    assert value != before
+    leases.hold(kernel_id, value)
+    assert await leases.reacquire(kernel_id, before)  # its own new value, not another's
+    gap = await leases.cover_loss(kernel_id, value, 5)
+    assert gap is not None
+    assert (gap.first_seq, gap.seq) == (1, 5)
+    assert await store.flush(10)
+    page = await store.read(kernel_id, 0, 100)
+    assert [(r.first_seq, r.seq) for r in page.records] == [(1, 5), (6, 6)]
+    assert page.records[0].message.content()["reason"] == "store_lost"
+    assert texts(page.records)[1] == "6\n"
+
+
+async def wait_for(predicate: Any, timeout: float = 10) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
 async def test_retention_keeps_the_newest_and_says_what_was_discarded(
     store: RedisTranscriptStore,
+    leases: LeaseMap,
 ) -> None:
     store.max_records_per_kernel = 100
-    kernel_id = await owned(store)
+    kernel_id = await owned(leases)
     for seq in range(1, 2001):
         store.append(stream_record(kernel_id, seq, f"{seq}\n"))
     store.append(
@@ -163,20 +248,22 @@ async def test_retention_keeps_the_newest_and_says_what_was_discarded(
     assert [m.seq for m in await store.marks(kernel_id, 0)] == [2001]
 
 
-async def test_leases_renew_expire_and_release(store: RedisTranscriptStore) -> None:
+async def test_leases_renew_expire_and_release(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
     kernel_id = str(uuid.uuid4())
-    lease = await store.acquire(kernel_id, "a", 0.3)
+    lease = await leases.acquire(kernel_id, "a", 0.3)
     assert lease is not None
-    assert await store.acquire(kernel_id, "b", 0.3) is None
-    assert await store.renew(kernel_id, lease, 0.3)
+    assert await leases.acquire(kernel_id, "b", 0.3) is None
+    assert await leases.renew(kernel_id, lease, 0.3) == (True, 0)
     await asyncio.sleep(0.5)
-    assert await store.holder(kernel_id) is None  # expired: nobody renewed it
-    assert not await store.renew(kernel_id, lease, 0.3)
-    taken = await store.acquire(kernel_id, "b", 30)
+    assert await leases.holder(kernel_id) is None  # expired: nobody renewed it
+    assert await leases.renew(kernel_id, lease, 0.3) == (False, 0)
+    taken = await leases.acquire(kernel_id, "b", 30)
     assert taken is not None
-    assert not await store.release(kernel_id, lease)  # not a's any more
-    assert await store.release(kernel_id, taken)
-    assert await store.holder(kernel_id) is None
+    assert not await leases.release(kernel_id, lease)  # not a's any more
+    assert await leases.release(kernel_id, taken)
+    assert await leases.holder(kernel_id) is None
 
 
 async def test_an_unreachable_redis_stops_the_start_with_one_clear_line() -> None:

@@ -159,6 +159,10 @@ def test_the_limits_and_the_sandbox_on_the_command_line() -> None:
     assert prlimit_arguments(
         address_space=2**30, cpu_seconds=0, processes=64, file_size=10, open_files=256
     ) == ["--as=1073741824", "--nproc=64", "--fsize=10", "--nofile=256"]
+    # The CPU time's hard limit a second past the soft one: SIGXCPU first, which says why.
+    assert prlimit_arguments(
+        address_space=0, cpu_seconds=5, processes=0, file_size=0, open_files=0
+    ) == ["--cpu=5:6"]
     options = bwrap_arguments(
         storage="/state/kgs-1/home",
         connection_file="/state/kgs-1/connection.json",
@@ -181,6 +185,29 @@ def test_the_limits_and_the_sandbox_on_the_command_line() -> None:
     # The ancestors bwrap would make closed to the kernel's user are made searchable.
     assert ("--perms", "0755", "--dir") in pairs
     assert "/opt" in [options[i + 3] for i, option in enumerate(options) if option == "--perms"]
+    # What is exposed is mounted after the kernel's /tmp: a package or interpreter under
+    # /tmp (a clone, a virtualenv) stays visible in the sandbox.
+    under_tmp = bwrap_arguments(
+        storage="/state/kgs-1/home",
+        connection_file="/state/kgs-1/connection.json",
+        exposed=["/tmp/clone"],
+        hidden=[],
+    )
+    assert under_tmp.index("/tmp/clone") > under_tmp.index("/state/kgs-1/home/tmp")
+    # And its ancestors inside the kernel's /tmp are made again, searchable, after it.
+    nested = bwrap_arguments(
+        storage="/state/kgs-1/home",
+        connection_file="/state/kgs-1/connection.json",
+        exposed=["/tmp/clone/package"],
+        hidden=[],
+    )
+    made = [
+        i
+        for i in range(len(nested) - 3)
+        if nested[i : i + 4] == ["--perms", "0755", "--dir", "/tmp/clone"]
+    ]
+    assert made
+    assert made[-1] > nested.index("/state/kgs-1/home/tmp")
 
 
 def test_the_kernelspec_names_the_sandbox_provisioner(tmp_path: Path) -> None:
@@ -331,6 +358,9 @@ async def test_re_attached_after_a_gateway_crash(
         async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
             result = await client.execute(kernel_id, "print(state, open('f').read())")
             assert result.stdout == "kept x\n", daemon.log_text()
+            # An interrupt reaches it (by message: its process cannot be told from the
+            # gateway's side, so it is not signalled).
+            await test_netns.interrupt_reaches(client, kernel_id)
             await client.shutdown(kernel_id)
         await wait_until(
             lambda: name not in listed_namespaces() and not directories[0].exists(),

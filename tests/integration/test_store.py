@@ -464,3 +464,38 @@ async def test_a_deleted_database_is_detected_and_restored(tmp_path: Path) -> No
     health = store.health()
     assert (health.state, health.reason) == (State.FAILING, "database_replaced")
     store.close()
+
+
+async def test_a_full_database_wedges_nothing_and_every_record_lands_after(
+    tmp_path: Path,
+) -> None:
+    """SQLite rolls a transaction back by itself when the disk is full; the writer's own
+    ROLLBACK then failed ("no transaction is active") in place of the error, and its
+    bookkeeping of the failed batch stayed. Full, then given room: every record lands, in
+    order, and the store is ok again."""
+    path = str(tmp_path / "t.sqlite3")
+    store = open_store(path, batch_linger=0.0, writes_failing_after=0.5)
+    assert await store.flush(seconds(30))
+    connection = store.writer._connection
+    assert connection is not None
+    pages = connection.execute("PRAGMA page_count").fetchone()[0]
+    # Room for a few more pages: the batches below do not fit.
+    connection.execute(f"PRAGMA max_page_count = {pages + 4}")
+    for seq in range(1, 3001):
+        store.append(stream_record("k", seq, f"{seq:06d}" + "x" * 200 + "\n"))
+    assert not await store.flush(1.0)
+    # Nothing new becomes durable: failing (503), not merely degraded, once it lasts.
+    health = store.health()
+    assert health.state is State.FAILING, health
+    assert health.reason == "writes_failing"
+    assert store.writer.state.write_error is not None
+    assert "full" in store.writer.state.write_error
+    connection.execute("PRAGMA max_page_count = 1073741823")
+    assert await store.flush(seconds(60))
+    assert store.health().state is State.OK
+    store.close()
+    reopened = open_store(path)
+    records = (await reopened.read("k", 0, 10000)).records
+    assert covered(records) == list(range(1, 3001))
+    assert [r.message.text[:6] for r in records] == [f"{s:06d}" for s in range(1, 3001)]
+    reopened.close()

@@ -16,6 +16,7 @@ from kernel_gateway_stream.handlers.common import SETTINGS_KEY
 
 from ..timing import seconds
 from .sseclient import Event, SSEReader, parse_events, stream_text
+from .waits import wait_until
 
 EVERY_KIND = """
 import sys
@@ -54,11 +55,25 @@ def ids_are_seqs(events: list[Event]) -> None:
             assert event.data["metadata"][SEQ_METADATA_KEY]["seq"] == event.id
 
 
-async def test_every_event_type_live(start_kernel: Any, connect: Any, sse: Any) -> None:
+async def all_live(services: Any, kernel_id: str, count: int) -> None:
+    """Until ``count`` clients of the kernel follow its live output."""
+    subscribers = services.subscribers
+
+    def attached() -> bool:
+        found = subscribers.of(kernel_id)
+        return len(found) == count and all(subscriber.live for subscriber in found)
+
+    await wait_until(attached, f"{count} clients attached, live")
+
+
+@pytest.mark.smoke
+async def test_every_event_type_live(
+    start_kernel: Any, connect: Any, sse: Any, services: Any
+) -> None:
     kernel_id = await start_kernel()
     reader = sse(kernel_id)
     ws = await connect(kernel_id)
-    await asyncio.sleep(seconds(0.3))  # the reader is attached before the run starts
+    await all_live(services, kernel_id, 2)  # the reader is attached before the run starts
     msg_id = ws.execute(EVERY_KIND)
     events = await reader.until_idle(msg_id)
     mine = [e for e in events if e.data["parent_header"].get("msg_id") == msg_id]
@@ -121,12 +136,12 @@ async def test_filters_by_parent_and_msg_type(start_kernel: Any, connect: Any, s
 
 
 async def test_two_readers_and_a_channels_client_see_the_same_execution(
-    start_kernel: Any, connect: Any, sse: Any
+    start_kernel: Any, connect: Any, sse: Any, services: Any
 ) -> None:
     kernel_id = await start_kernel()
     readers = [sse(kernel_id), sse(kernel_id)]
     ws = await connect(kernel_id)
-    await asyncio.sleep(seconds(0.3))
+    await all_live(services, kernel_id, 3)
     msg_id = ws.execute("for i in range(2000): print(i, flush=True)")
     expected = "".join(f"{i}\n" for i in range(2000))
     received = await ws.until_idle(msg_id)
@@ -142,11 +157,7 @@ async def test_heartbeat_comments_keep_a_quiet_stream_open(
     settings[SETTINGS_KEY] = dataclasses.replace(settings[SETTINGS_KEY], sse_heartbeat=0.1)
     kernel_id = await start_kernel()
     reader = sse(kernel_id)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds(30)
-    while reader.comments < 3 and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    assert reader.comments >= 3
+    await wait_until(lambda: reader.comments >= 3, "three heartbeat comments")
 
 
 @pytest.mark.parametrize(
@@ -191,6 +202,11 @@ async def test_slow_reader_gets_a_final_event_with_its_resume_point(
 ) -> None:
     """Invariant 3 over SSE: a reader that stops reading is ended with a final event that
     names the last seq it was sent; resuming from it loses nothing."""
+    # A queue's bound is taken from the policy when its client connects: the stalled
+    # reader gets 4 MiB; the test's own WebSocket, which reads the whole 25 MB flood in
+    # this process's busy event loop, keeps the default (more than the flood), so that
+    # only the reader under test can be cut off.
+    default_max_bytes = services.policy.max_bytes
     services.policy.max_bytes = 4 * 1024 * 1024
     kernel_id = await start_kernel()
     base = jp_base_url.rstrip("/")
@@ -198,7 +214,10 @@ async def test_slow_reader_gets_a_final_event_with_its_resume_point(
     auth = "".join(f"{k}: {v}\r\n" for k, v in jp_auth_header.items())
     path = f"{base}/api/kernels/{kernel_id}/stream"
     raw.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n".encode())
-    await asyncio.sleep(seconds(0.5))  # attached, then never read
+    await wait_until(  # attached, then never read
+        lambda: len(services.subscribers.of(kernel_id)) == 1, "the stalled reader attached"
+    )
+    services.policy.max_bytes = default_max_bytes
     ws = await connect(kernel_id)
     line = "y" * 1000
     msg_id = ws.execute(f"for i in range(25000): print({line!r}, i, flush=True)")
@@ -207,11 +226,12 @@ async def test_slow_reader_gets_a_final_event_with_its_resume_point(
     # Once the gateway has cut the reader off (its subscriber is gone), it reads (not
     # later: a stream whose reader does not take its last event within 5 s is closed).
     reader = next(s for s in services.subscribers.of(kernel_id) if s.transport is not ws)
+    await wait_until(
+        lambda: reader not in services.subscribers.of(kernel_id),
+        "the stalled reader cut off",
+        timeout=300,
+    )
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds(300)
-    while reader in services.subscribers.of(kernel_id):
-        assert loop.time() < deadline, "the stalled reader was never cut off"
-        await asyncio.sleep(0.05)
     raw.setblocking(False)
     body = b""
     while True:

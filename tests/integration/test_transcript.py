@@ -41,6 +41,7 @@ async def collect_direct(client: Any, msg_id: str) -> dict[str, str]:
             return texts
 
 
+@pytest.mark.smoke
 async def test_transcript_is_byte_for_byte_what_the_kernel_published(
     jp_serverapp: Any, start_kernel: Any, connect: Any, transcript: Any
 ) -> None:

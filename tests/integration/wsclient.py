@@ -22,9 +22,25 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from kernel_gateway_stream.core.wire import SEQ_METADATA_KEY
 
-from ..timing import seconds
+from ..timing import SCALE, seconds
 
 V1 = "v1.kernel.websocket.jupyter.org"
+
+
+def describe(messages: list[dict[str, Any]]) -> str:
+    """What arrived, in a line: how many messages of each type, and the last five."""
+    counts: dict[str, int] = {}
+    for m in messages:
+        counts[m["msg_type"]] = counts.get(m["msg_type"], 0) + 1
+    last = [
+        (
+            m["msg_type"],
+            m["content"].get("execution_state") or m["content"].get("reason"),
+            m["parent_header"].get("msg_id"),
+        )
+        for m in messages[-5:]
+    ]
+    return f"{len(messages)} messages {counts}, the last {last}"
 
 
 @dataclass
@@ -89,6 +105,8 @@ class KernelWS:
         msg_type: str,
         content: dict[str, Any],
         metadata: dict[str, Any] | None = None,
+        *,
+        subshell_id: str | None = None,
     ) -> str:
         msg_id = uuid.uuid4().hex
         metadata = metadata or {}
@@ -100,6 +118,8 @@ class KernelWS:
             "version": "5.3",
             "date": "2026-01-01T00:00:00Z",
         }
+        if subshell_id is not None:  # a kernel subshell's request (ipykernel 7, JEP 91)
+            header["subshell_id"] = subshell_id
         if self.protocol == "v1":
             parts = [json.dumps(p).encode() for p in (header, {}, metadata, content)]
             self.ws.write_message(serialize_msg_to_ws_v1(parts, channel), binary=True)
@@ -115,20 +135,30 @@ class KernelWS:
             self.ws.write_message(json.dumps(message))
         return msg_id
 
-    def execute(self, code: str, *, allow_stdin: bool = False, cell_id: str | None = None) -> str:
-        """Send an execute_request; ``cell_id`` as JupyterLab sends it (``metadata.cellId``)."""
+    def execute(
+        self,
+        code: str,
+        *,
+        allow_stdin: bool = False,
+        cell_id: str | None = None,
+        subshell_id: str | None = None,
+        store_history: bool = True,
+    ) -> str:
+        """Send an execute_request; ``cell_id`` as JupyterLab sends it (``metadata.cellId``),
+        on the subshell ``subshell_id`` if given."""
         return self.send(
             "shell",
             "execute_request",
             {
                 "code": code,
                 "silent": False,
-                "store_history": True,
+                "store_history": store_history,
                 "user_expressions": {},
                 "allow_stdin": allow_stdin,
                 "stop_on_error": True,
             },
             {"cellId": cell_id} if cell_id is not None else None,
+            subshell_id=subshell_id,
         )
 
     async def receive(self, timeout: float = 60) -> dict[str, Any] | None:
@@ -162,8 +192,18 @@ class KernelWS:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds(timeout)
         while True:
-            message = await self.receive(max(0.1, deadline - loop.time()))
-            assert message is not None, "connection closed before idle"
+            try:
+                # ``receive`` scales its argument: the time left, unscaled.
+                message = await self.receive(max(0.1, deadline - loop.time()) / SCALE)
+            except asyncio.TimeoutError:
+                raise AssertionError(
+                    f"no idle for {parent_msg_id} in {seconds(timeout):.0f} s: "
+                    f"{describe(received.messages)}"
+                ) from None
+            assert message is not None, (
+                f"connection closed before idle ({self.ws.close_code} {self.ws.close_reason}): "
+                f"{describe(received.messages)}"
+            )
             received.messages.append(message)
             if (
                 message["msg_type"] == "status"

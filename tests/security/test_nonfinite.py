@@ -86,10 +86,13 @@ async def get(daemon: Daemon, path: str, **options: Any) -> HTTPResponse:
     return await AsyncHTTPClient().fetch(daemon.url + path, raise_error=False, **options)
 
 
+#: The tests on the module's one daemon run on one worker, so that it starts once.
+SHARED_DAEMON = pytest.mark.xdist_group("test_nonfinite-daemon")
+
+
 async def forged_execution(daemon: Daemon) -> tuple[str, str]:
-    """A daemon, a kernel, and one execution (cell ``inf-cell``) that forged the messages."""
-    daemon.start()
-    await daemon.wait_ready()
+    """A kernel of its own on ``daemon``, and one execution (cell ``inf-cell``) that
+    forged the messages."""
     kernel_id = await daemon.start_kernel()
     ws = await daemon.channels(kernel_id)
     try:
@@ -114,10 +117,14 @@ def check_result(
     assert shown[-1]["data"]["application/json"] == {"w": None}
 
 
-async def test_the_records_are_kept_with_null_for_each_non_finite_number(daemon: Daemon) -> None:
+@SHARED_DAEMON
+async def test_the_records_are_kept_with_null_for_each_non_finite_number(
+    module_daemon: Daemon,
+) -> None:
     """Control: the kernel really sent 1e999 (it printed the part it sent), and the
     transcript keeps every forged message, each non-finite number read as null, finite
     ones as they were; the REST answer and the SSE stream are strict JSON."""
+    daemon = module_daemon
     kernel_id, msg_id = await forged_execution(daemon)
     response = await get(daemon, f"/api/kernels/{kernel_id}/transcript?since=0&parent={msg_id}")
     assert response.code == 200
@@ -151,9 +158,13 @@ async def test_the_records_are_kept_with_null_for_each_non_finite_number(daemon:
     assert streamed["content"]["execution_count"] is None
 
 
-async def test_the_execution_answers_200_and_its_events_end_with_done(daemon: Daemon) -> None:
+@SHARED_DAEMON
+async def test_the_execution_answers_200_and_its_events_end_with_done(
+    module_daemon: Daemon,
+) -> None:
     """GET /executions/{id} answers strict JSON; its events, replayed, end with ``done``;
     and a new execution's events, followed live (POST /execute as SSE), do too."""
+    daemon = module_daemon
     kernel_id, msg_id = await forged_execution(daemon)
     response = await get(daemon, f"/api/kernels/{kernel_id}/executions/{msg_id}")
     assert response.code == 200, response.body
@@ -185,8 +196,10 @@ async def test_the_execution_answers_200_and_its_events_end_with_done(daemon: Da
     check_result(events[-1][1]["outputs"])
 
 
-async def test_cells_restore_is_strict_json(daemon: Daemon) -> None:
+@SHARED_DAEMON
+async def test_cells_restore_is_strict_json(module_daemon: Daemon) -> None:
     """The notebook's restore answer (JupyterLab's JSON.parse refuses Infinity)."""
+    daemon = module_daemon
     kernel_id, msg_id = await forged_execution(daemon)
     response = await get(daemon, f"/api/kernels/{kernel_id}/cells")
     assert response.code == 200
@@ -196,8 +209,10 @@ async def test_cells_restore_is_strict_json(daemon: Daemon) -> None:
     check_result(cell["outputs"], kind="output_type")
 
 
-async def test_the_python_client_returns_in_bounded_time(daemon: Daemon) -> None:
+@SHARED_DAEMON
+async def test_the_python_client_returns_in_bounded_time(module_daemon: Daemon) -> None:
     """``execute()`` ends (it looped for ever when the gateway failed on the summary)."""
+    daemon = module_daemon
     kernel_id, _ = await forged_execution(daemon)
     async with GatewayClient(daemon.url, TOKEN, reconnect_deadline=seconds(30)) as client:
         result = await asyncio.wait_for(client.execute(kernel_id, FORGE), seconds(60))

@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +26,7 @@ from tornado.httpclient import AsyncHTTPClient
 from kernel_gateway_stream.stores.redis_trust import EntrySigner
 
 from ..integration.daemon import TOKEN, Daemon, free_port
+from ..integration.redis_server import RedisServer, require_redis_server
 from ..integration.test_several_nodes import CLUSTER_SECRET, Cluster, redis_url, until
 from ..timing import seconds
 from .test_secrets import run_in_kernel
@@ -104,55 +103,12 @@ class Listener:
             self._server.close()
 
 
-class OwnRedis:
-    """A redis-server of the test's own, on a free port, that asks for ``password``."""
-
-    def __init__(self, root: Path, password: str) -> None:
-        self.password = password
-        self.port = free_port()
-        root.mkdir(parents=True, exist_ok=True)
-        config = root / "redis.conf"
-        config.write_text(
-            f'port {self.port}\nbind 127.0.0.1\nrequirepass {password}\nsave ""\n'
-            f"appendonly no\ndir {root}\n"
-        )
-        config.chmod(0o600)
-        with open(root / "redis.log", "ab") as log:
-            self.process = subprocess.Popen(
-                ["redis-server", str(config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
-            )
-
-    async def wait_ready(self) -> None:
-        import redis
-
-        async def answers() -> bool:
-            assert self.process.poll() is None, "redis-server exited"
-            client = redis.Redis(port=self.port, password=self.password, socket_timeout=1)
-            try:
-                return bool(client.ping())
-            except redis.ConnectionError:
-                return False
-            finally:
-                client.close()
-
-        await until(answers, 30, "the test's redis-server")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(seconds(10))
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    if shutil.which("redis-server") is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed: CI must run the Redis tests")
-        pytest.skip("redis-server is not installed")
-    instance = OwnRedis(tmp_path / "redis", f"redis-pw-{uuid.uuid4().hex}")
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, on a free port, that asks for a password."""
+    require_redis_server()
+    instance = RedisServer(tmp_path / "redis", f"redis-pw-{uuid.uuid4().hex}")
+    instance.start()
     yield instance
     instance.stop()
 
@@ -304,7 +260,7 @@ async def test_kernel_code_cannot_have_a_node_attach_a_kernel_entry_it_wrote(
     [("userinfo", "argument"), ("query", "argument"), ("query", "environment")],
 )
 async def test_redis_password_is_in_no_log_health_body_or_argument(
-    own_redis: OwnRedis, tmp_path: Path, form: str, given: str
+    own_redis: RedisServer, tmp_path: Path, form: str, given: str
 ) -> None:
     """One node on a Redis that asks for a password, given in either URL form, on the
     command line or in KGS_REDIS_URL: the password is in no log line (DEBUG), not in the
@@ -346,7 +302,7 @@ async def test_redis_password_is_in_no_log_health_body_or_argument(
         assert password.encode() not in cmdline
         assert b"--GatewayStreamApp.redis_url=" in cmdline or given == "environment"
     finally:
-        node.stop()
+        _stop_leaving_no_kernel(node)
     log = node.log_text()
     assert password not in log
     told = "give the URL in the KGS_REDIS_URL environment variable instead" in log
@@ -356,6 +312,17 @@ async def test_redis_password_is_in_no_log_health_body_or_argument(
 def _daemon(home: Path) -> Daemon:
     home.mkdir()
     return Daemon(home)
+
+
+def _stop_leaving_no_kernel(node: Daemon) -> None:
+    """Stop ``node`` gracefully, then end the kernels it started: a node of a cluster that
+    stops leaves its kernels running for the other nodes to take over, and here there is
+    none (each such run left its kernels behind, for ever)."""
+    kernels = node.kernel_pids()
+    node.stop()
+    for pid in kernels:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _refused(node: Daemon) -> str:
@@ -389,7 +356,7 @@ async def test_a_start_on_a_redis_without_password_is_refused(tmp_path: Path) ->
 
 
 async def test_a_start_without_a_cluster_secret_is_refused(
-    own_redis: OwnRedis, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path
 ) -> None:
     """Several nodes need the cluster secret, even on a Redis that asks for a password;
     a short one is refused too. Control: with one, the node starts."""
@@ -411,7 +378,7 @@ async def test_a_start_without_a_cluster_secret_is_refused(
 
 
 async def test_kernel_code_finds_the_cluster_secret_nowhere(
-    own_redis: OwnRedis, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path
 ) -> None:
     """The cluster secret, given in KGS_CLUSTER_SECRET, reaches no kernel: not its
     environment, nor the gateway's argument or environment blocks, nor the log."""
@@ -427,4 +394,4 @@ async def test_kernel_code_finds_the_cluster_secret_nowhere(
         )
         assert json.loads(found) == []
     finally:
-        node.stop()
+        _stop_leaving_no_kernel(node)

@@ -32,6 +32,7 @@ from kernel_gateway_stream.kernels.sandbox import install_sandbox_kernelspec
 
 from ..integration import test_netns, test_sandbox
 from ..integration.daemon import TOKEN, Daemon
+from ..integration.test_metrics import parse, value
 from ..integration.waits import wait_until
 from ..timing import seconds
 from .test_netns_escape import host_address
@@ -369,6 +370,17 @@ async def test_a_cpu_hog_is_killed_at_its_cpu_time_limit(
             await client.execute(kernel_id, "while True: pass")
         assert isinstance(died.value.result, ExecutionResult)
         assert died.value.result.status == "died"
+        # Why, on every surface: the execution, the transcript's mark, the metrics.
+        assert died.value.result.reason == "cpu_limit"
+        marks = [
+            r["content"]
+            for r in (await client.transcript(kernel_id, limit=1000))["records"]
+            if r["msg_type"] == "status" and r["content"].get("execution_state") == "restarting"
+        ]
+        assert [m.get("reason") for m in marks] == ["cpu_limit"], marks
+        samples = parse(await daemon.fetch("/metrics"))
+        assert value(samples, "kernel_deaths_total", reason="cpu_limit") == 1
+        assert value(samples, "kernel_deaths_total", reason="kernel_died") == 0
 
         async def answers_again() -> bool:
             try:

@@ -243,3 +243,34 @@ def test_frames_from_records_makes_the_runs_merge_runs_makes(seed: int) -> None:
     assert _ranges(fast) == _ranges(slow)
     assert _texts(fast) == _texts(slow)
     assert [f.message for f in fast] == [f.message for f in slow]
+
+
+def test_records_from_a_kernels_replay_are_merged_nowhere() -> None:
+    """A message recorded from a launcher kernel's replay (what a killed gateway had not
+    made durable, some of which its clients had) keeps its own msg_id on every surface, so a
+    gateway chained behind can tell which of them it has: the coalescer, the subscriber
+    queues and replays all leave it whole (one rule, ``continues``)."""
+    from kernel_gateway_stream.core.coalescer import Coalescer
+    from kernel_gateway_stream.core.messages import REPLAYED_METADATA_KEY
+
+    plain = [stream("stdout", f"{i}\n", "p") for i in range(2)]
+    again = [stream("stdout", f"{i}\n", "p").marked_replayed() for i in range(2, 4)]
+    assert [m.replayed for m in plain + again] == [False, False, True, True]
+    assert json.loads(again[0].raw_metadata) == {REPLAYED_METADATA_KEY: True}
+    assert again[0].marked_replayed() is again[0]
+    records = [record(seq, m) for seq, m in enumerate(plain + again, start=1)]
+
+    replayed = frames_from_records(records, 1 << 20)
+    assert _ranges(replayed) == [(1, 2), (3, 3), (4, 4)]
+    assert [f.message.msg_id for f in replayed[1:]] == [m.msg_id for m in again]
+
+    queued = merge_runs([Frame.from_record(r) for r in records], 1 << 20)
+    assert _ranges(queued) == _ranges(replayed)
+
+    coalescer = Coalescer(window=1.0)
+    out = coalescer.feed(records[0], now=10.0)  # after a quiet spell: at once
+    for r in records[1:]:
+        out += coalescer.feed(r, now=10.001)
+    out += coalescer.flush()
+    assert _ranges(out) == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert [f.text for f in out] == ["0\n", "1\n", "2\n", "3\n"]

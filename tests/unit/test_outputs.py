@@ -257,3 +257,52 @@ def test_an_execution_count_a_page_cannot_hold_is_none() -> None:
     assert first["execution_count"] is None
     assert second["execution_count"] is None
     assert second["outputs"][0]["execution_count"] is None
+
+
+def test_what_an_output_widget_captures_is_the_widgets_not_the_cells() -> None:
+    """ipywidgets' ``with out: print(...)``: the kernel sets the widget's ``msg_id`` to the
+    request, prints, then clears it; JupyterLab's output area hands that output to the
+    widget (whose model the kernel keeps), so a restored cell must not show it again."""
+    view = {"model_id": "w1", "version_major": 2, "version_minor": 0}
+    kernel = Kernel()
+    kernel.request("m1", "a")
+    kernel.add(status("busy", "m1"))
+    kernel.output("m1", "execute_input", code="x", execution_count=1)
+    kernel.output("m1", "comm_open", comm_id="w1", target_name="jupyter.widget", data={
+        "state": {"_model_name": "OutputModel", "msg_id": "", "outputs": []}})  # fmt: skip
+    kernel.output("m1", "display_data", data={
+        "text/plain": "Output()", "application/vnd.jupyter.widget-view+json": view})  # fmt: skip
+    kernel.add(stream("stdout", "before\n", "m1"))
+    # Another widget's traffic (a slider moved) changes nothing.
+    kernel.output("m1", "comm_msg", comm_id="s1", data={"method": "update", "state": {"value": 3}})
+    kernel.output(
+        "m1", "comm_msg", comm_id="w1", data={"method": "update", "state": {"msg_id": "m1"}}
+    )
+    kernel.add(stream("stdout", "inside output\n", "m1"))
+    kernel.output("m1", "error", ename="ValueError", evalue="shown in the widget", traceback=[])
+    kernel.output(
+        "m1", "comm_msg", comm_id="w1", data={"method": "update", "state": {"msg_id": ""}}
+    )
+    kernel.add(stream("stdout", "after\n", "m1"))
+    kernel.add(status("idle", "m1"))
+    # A capture the kernel never ended: the widget closed ends it.
+    kernel.request("m2", "b")
+    kernel.output(
+        "m2", "comm_msg", comm_id="w1", data={"method": "update", "state": {"msg_id": "m2"}}
+    )
+    kernel.add(stream("stdout", "captured\n", "m2"))
+    kernel.output("m2", "comm_close", comm_id="w1", data={})
+    kernel.add(stream("stdout", "shown\n", "m2"))
+    kernel.add(status("idle", "m2"))
+
+    first, second = kernel.restore()
+    assert first["status"] == "ok"  # the widget showed the error; the cell ran on
+    assert first["outputs"] == [
+        {
+            "output_type": "display_data",
+            "data": {"text/plain": "Output()", "application/vnd.jupyter.widget-view+json": view},
+            "metadata": {},
+        },
+        {"output_type": "stream", "name": "stdout", "text": "before\nafter\n"},
+    ]
+    assert second["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "shown\n"}]

@@ -3,7 +3,7 @@ writer thread: the test plays the writer (take, commit, untake)."""
 
 from __future__ import annotations
 
-from helpers import record, stream
+from helpers import record, status, stream
 
 from kernel_gateway_stream.core.marks import gap_record
 from kernel_gateway_stream.core.messages import Record
@@ -69,3 +69,29 @@ def test_a_record_that_fits_after_a_drop_comes_after_its_gap() -> None:
     assert buffer.push(record(6, stream("stdout", "y")))
     records, _ = buffer.snapshot("k", 0, 100)
     assert [(r.first_seq, r.seq) for r in records] == [(3, 5), (6, 6)]
+
+
+def test_past_its_bound_an_idle_still_passes_after_its_gap_and_output_does_not() -> None:
+    """Issue 25 item 5: a full buffer drops output, never an execution's end. The idle
+    pushed while the buffer is full is kept, after the gap for what was dropped before it;
+    output after it is dropped again (a flood of small prints cannot use the reserve up);
+    the buffer stays within its bound plus the reserve of an eighth."""
+    one = cost(record(1, stream("stdout", "x" * 100)))
+    bound = 16 * one
+    buffer = PendingBuffer(bound, _gap)
+    kept = [buffer.push(record(seq, stream("stdout", "x" * 100))) for seq in range(1, 31)]
+    assert kept == [True] * 16 + [False] * 14
+    assert buffer.push(record(31, status("idle")))
+    assert not buffer.push(record(32, stream("stdout", "x")))
+    records, _ = buffer.snapshot("k", 0, 100)
+    spans = [(r.first_seq, r.seq, r.message.msg_type) for r in records[16:]]
+    assert spans == [
+        (17, 30, "kernel_gateway_stream_gap"),
+        (31, 31, "status"),
+        (32, 32, "kernel_gateway_stream_gap"),
+    ]
+    assert covered(records) == list(range(1, 33))
+    # A kernel publishing statuses of its own fills the reserve, and no more.
+    statuses = [buffer.push(record(seq, status("busy"))) for seq in range(33, 1033)]
+    assert statuses.count(True) < len(statuses)
+    assert buffer.stats().bytes <= bound + bound // 8

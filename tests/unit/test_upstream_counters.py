@@ -13,10 +13,11 @@ def mid(n: int) -> str:
 
 
 def adopt(counters: CounterWatch, n: int, at: float = 0.0, key: str = KEY) -> None:
-    """The kernel's reply numbered ``n`` to a request of the gateway's: its counter is
-    watched from there."""
+    """The kernel's reply numbered ``n`` to a request of the gateway's, then an IOPub
+    message (standing for its status): its counter is watched from there."""
     counters.sent("nudge")
     counters.saw(f"{key}_{n}", at, parent_msg_id="nudge", iopub=False)
+    counters.saw(f"{key}_{n}", at, parent_msg_id="nudge", execution_state="busy")
 
 
 def watch(**options: float) -> CounterWatch:
@@ -160,3 +161,93 @@ def test_holes_wait_while_late_numbers_still_fill_them() -> None:
         counters.saw(mid(n), 9.0)
     assert counters.poll(9.5) is None  # filled half a second ago
     assert counters.poll(10.0) == Lost(10, False, 990, 999, ((990, 999),))
+
+
+def test_a_hole_below_an_idle_is_judged_after_the_window_alone_and_holds_the_idle() -> None:
+    counters = watch()
+    adopt(counters, 0, 0.0)
+    counters.sent("run")  # a client's execution, sent through the gateway
+    counters.saw(mid(5), 0.0)  # 1..4 missing
+    counters.saw(mid(6), 0.2, parent_msg_id="run", execution_state="idle")
+    # The idle waits for the judgement of the numbers below it, not for those above it.
+    assert counters.holds(mid(6))
+    assert not counters.holds(mid(1))
+    assert counters.next_deadline() == 1.0  # the window, not the quiet window
+    assert counters.poll(0.9) is None
+    assert counters.poll(1.0) == Lost(4, False, 1, 4, ((1, 4),))
+    assert not counters.holds(mid(6))
+
+
+def test_a_late_number_below_an_idle_fills_its_closed_hole() -> None:
+    counters = watch()
+    adopt(counters, 0, 0.0)
+    counters.sent("run")
+    counters.saw(mid(3), 0.0, parent_msg_id="run", execution_state="idle")  # 1, 2 missing
+    counters.saw(mid(1), 0.3, iopub=False)  # the execute_reply, late on shell
+    assert counters.holds(mid(3))
+    counters.saw(mid(2), 0.4)
+    assert not counters.holds(mid(3))
+    assert counters.poll(10.0) is None
+
+
+def test_judge_below_judges_at_the_next_poll_and_keeps_the_holes_above() -> None:
+    counters = watch()
+    adopt(counters, 0, 0.0)
+    counters.sent("run")
+    counters.saw(mid(3), 0.0, parent_msg_id="run", execution_state="idle")  # 1, 2 missing
+    counters.saw(mid(6), 0.0)  # 4, 5 missing
+    counters.judge_below(mid(3))
+    assert counters.poll(0.0) == Lost(2, False, 1, 2, ((1, 2),))
+    assert counters.pending == 2
+    assert not counters.holds(mid(3))
+    assert not counters.holds("not-a-counted-id")
+
+
+def test_an_idle_whose_busy_came_before_the_counter_was_watched_explains_one_number() -> None:
+    # The upstream's own nudge on control: its busy before the gateway's reply adopted the
+    # counter, its reply (to the upstream) and idle after.
+    counters = watch()
+    counters.saw(mid(0), 0.0, parent_msg_id="upstream-nudge", execution_state="busy")
+    adopt(counters, 1, 0.0)
+    counters.saw(
+        mid(3),
+        0.1,
+        parent_msg_id="upstream-nudge",
+        parent_msg_type="kernel_info_request",
+        execution_state="idle",
+    )  # 2, the upstream's reply, never comes here
+    counters.saw(mid(4), 0.2)
+    counters.saw(mid(5), 0.3)
+    assert counters.poll(10.0) is None
+    # Another such idle, with two numbers missing below it: one is explained, one lost.
+    counters.saw(mid(8), 10.0, parent_msg_id="other", execution_state="idle")
+    assert counters.poll(20.0) == Lost(1, False, 6, 7, ((6, 7),))
+
+
+def test_status_messages_that_come_before_the_reply_that_adopts_the_counter_count() -> None:
+    counters = watch()
+    counters.sent("nudge")
+    counters.saw(mid(12), 0.0, parent_msg_id="nudge", execution_state="busy")
+    counters.saw(mid(14), 0.0, parent_msg_id="nudge", execution_state="idle")
+    counters.saw(mid(13), 0.0, parent_msg_id="nudge", iopub=False)  # the reply: adopted
+    counters.saw(mid(15), 0.1)
+    counters.saw(mid(16), 0.1)
+    counters.saw(mid(17), 0.1)
+    assert counters.poll(10.0) is None
+    assert counters.pending == 0
+
+
+def test_numbers_before_the_first_iopub_message_of_a_watched_counter_are_not_lost() -> None:
+    # After a restart the upstream's subscription to the new process lags: the first
+    # nudge's reply (7) comes, its statuses (6, 8) never do; the next nudge's all come.
+    counters = watch()
+    counters.sent("nudge")
+    counters.saw(mid(7), 0.0, parent_msg_id="nudge", iopub=False)
+    counters.sent("again")
+    counters.saw(mid(9), 1.0, parent_msg_id="again", execution_state="busy")
+    counters.saw(mid(10), 1.0, parent_msg_id="again", iopub=False)
+    counters.saw(mid(11), 1.0, parent_msg_id="again", execution_state="idle")
+    assert counters.poll(20.0) is None
+    # From the first IOPub message on, a missing number is a hole as ever.
+    counters.saw(mid(13), 20.0)
+    assert counters.poll(40.0) == Lost(1, False, 12, 12, ((12, 12),))

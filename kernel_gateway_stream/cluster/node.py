@@ -1,5 +1,5 @@
 """Several gateways, one set of kernels: the kernel directory, leases, takeover and the
-record bus, over Redis (:mod:`.stores.redis` has the keys).
+record bus, over Redis (:mod:`..stores.redis` has the keys).
 
 Every node runs a :class:`ClusterNode` when ``GatewayStreamApp.redis_url`` is set.
 
@@ -12,22 +12,40 @@ Every node runs a :class:`ClusterNode` when ``GatewayStreamApp.redis_url`` is se
   cost: every node must reach every kernel's ports (as a takeover needs anyway).
 * **Ownership.** One node records each kernel (reads its IOPub and numbers the records):
   the node holding the kernel's lease, a Redis key taken with ``SET NX PX`` and a fencing
-  token (``INCR``), renewed every ``sync_interval``. The transcript's appends go through
-  a script that checks the lease value, so a node that lost the lease cannot write.
+  token (``INCR``), renewed every ``sync_interval`` by a task of its own. The transcript's
+  appends go through a script that checks the lease value, so a node that lost the lease
+  cannot write, and a record reaches clients, the owner's own too, only once Redis wrote
+  it (:mod:`..core.committed`). An owner that could not renew a lease for most of its TTL
+  (Redis slow or away, the node paused) stops recording the kernel on its own clock
+  (:func:`..core.ownership.step_down_at`): it forsakes what it numbered and did not write,
+  ends its clients with ``lease_lost`` and their last seq (they resume on any node), and
+  follows the kernel from the last record it published.
 * **Record bus.** The other nodes *follow* the kernel: one ``XREAD BLOCK`` per node, on a
   connection of its own, reads the streams of every followed kernel and hands each record
-  to the kernel's Tap in following mode (:meth:`.tap.KernelTap.deliver`), which feeds the
-  node's own fan-out (coalescer, subscribers). The bus carries records, not frames.
+  to the kernel's recorder in following mode
+  (:meth:`..recording.recorder.KernelRecorder.deliver`), which feeds the node's own fan-out
+  (coalescer, subscribers). The bus carries records, not frames (:mod:`.bus`).
 * **Takeover.** When a lease expires (its owner died or was cut off for ``lease_ttl``),
   the first node to take it catches its follower up to what the old owner wrote, writes a
   gap record for the numbers the old owner may have given out unwritten and for what the
   kernel printed while nobody read its IOPub (``owner_lost``, an unknown count), and
-  reads the kernel's IOPub itself from there (:meth:`.tap.KernelTap.promote`).
+  reads the kernel's IOPub itself from there (:meth:`..recording.recorder.KernelRecorder.promote`).
+* **Redis forgetting.** Redis restarted empty, or failed over to a replica that lacked
+  the last writes, is *state loss*, not the end of any kernel. Each pass checks Redis's
+  incarnation key (``SET NX`` once; missing or changed: its data is gone) and its
+  ``INFO`` run_id, and each owner checks that Redis still has its kernels' heads. The
+  owner then writes back what it owns: the lease (a fencing token above every one it
+  has seen), a gap record (``store_lost``) for the records Redis no longer has, and the
+  directory entry; the node entry is written every pass. A follower never reads a
+  kernel missing from the directory as gone unless its transcript says it ended (a
+  tombstone); if no owner writes it back within ``lease_ttl``, it takes the kernel over.
+  Health says ``degraded`` while Redis is away, while this is rebuilt, and for
+  ``store_loss_notice`` seconds after a loss.
 * **Trust.** Code in a kernel may reach Redis. A node refuses to start without a cluster
   secret, or on a Redis that answers a client giving no password (unless
   ``allow_unauthenticated_redis``); it signs its URL and its kernels' directory entries
   with the secret, and acts on no entry that does not check: a request is forwarded, with
-  the gateway's token, only to a URL a node signed (:mod:`.stores.redis_trust`).
+  the gateway's token, only to a URL a node signed (:mod:`..stores.redis_trust`).
 """
 
 from __future__ import annotations
@@ -45,7 +63,7 @@ from typing import Any
 from traitlets import Bool, Float, Unicode
 from traitlets.config import LoggingConfigurable
 
-from .core.errors import (
+from ..core.errors import (
     KernelOnAnotherNode,
     LocalError,
     MalformedMessage,
@@ -53,21 +71,30 @@ from .core.errors import (
     UnsafeCluster,
     UntrustedEntry,
 )
-from .core.health import ComponentHealth, State
-from .kernels.attached import Attachment
-from .secrets import wipe_from_arguments
-from .stores.redis import RedisTranscriptStore, connect, entry_id, record_of_entry, seq_of
-from .stores.redis_trust import (
+from ..core.health import ComponentHealth, State
+from ..core.ownership import STEP_DOWN_MARGIN
+from ..kernels.attached import Attachment
+from ..kernels.attaching import KernelAttacher
+from ..kernels.links import describe_link
+from ..recording.recorder import KernelRecorder
+from ..recording.registry import RecorderRegistry
+from ..secrets import wipe_from_arguments
+from ..stores.redis import RedisTranscriptStore, entry_id, record_of_entry, seq_of
+from ..stores.redis_trust import (
     EntrySigner,
     answers_without_credentials,
     password_of,
     redact_url,
 )
+from .bus import RecordBus
+from .leases import LeaseMap
 
 __all__ = ["ClusterNode"]
 
 #: The shortest cluster secret a node starts with (characters).
 MIN_SECRET_LENGTH = 16
+#: Seconds a stopping node waits for its sync loop and its bus reader to end.
+STOP_TIMEOUT = 2.0
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -111,6 +138,13 @@ class ClusterNode(LoggingConfigurable):
         "(another network, a firewall). Node and directory entries are signed with the "
         "cluster secret either way, so such code cannot redirect a node's requests.",
     )
+    store_loss_notice = Float(
+        300.0,
+        config=True,
+        help="Seconds the node's health stays degraded (reason redis_data_lost) after it "
+        "found that Redis lost its data (restarted empty, flushed, or failed over to a "
+        "replica that lacked the last writes), once what it owns is written back.",
+    )
     bus_block = Float(
         0.5,
         config=True,
@@ -121,8 +155,8 @@ class ClusterNode(LoggingConfigurable):
     def __init__(
         self,
         store: RedisTranscriptStore,
-        taps: Any,
-        attacher: Any,
+        taps: RecorderRegistry,
+        attacher: KernelAttacher,
         kernel_manager: Any,
         secret: str = "",
         **kwargs: Any,
@@ -136,24 +170,35 @@ class ClusterNode(LoggingConfigurable):
         self.attacher = attacher
         self.kernel_manager = kernel_manager
         self.node = self.node_name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        #: Kernels this node records: kernel id -> lease value.
-        self.leases: dict[str, str] = {}
-        #: Kernels this node follows: kernel id -> the last seq read off the bus.
-        self.followed: dict[str, int] = {}
+        #: The leases this node holds: the kernels it records.
+        self.leases = LeaseMap(store, self.node, self.lease_ttl, self.log)
         #: The directory's entry of each kernel, as last read.
         self.links: dict[str, dict[str, Any]] = {}
         self.takeovers = 0
-        self.delivered = 0
-        self.bus_errors = 0
         self.last_error: str | None = None
         #: This node's URL for the others (set by the application) and its token.
         self.url = self.advertise_url
         self.token = ""
-        self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._bus: Any = None
-        store.on_fenced.append(self._fenced)
-        store.reacquire = self._reacquire
+        #: The task renewing the leases (None until the node starts).
+        self._renewing: asyncio.Task[None] | None = None
+        self.bus = RecordBus(store, self.bus_block, self._follower, self.log)
+        self.leases.on_fenced.append(self._fenced)
+        self.leases.on_store_lost.append(lambda kernel_id: self._wake_all())
+        #: Redis's incarnation id and run_id, as last read (None: not read yet).
+        self.incarnation: str | None = None
+        self.run_id: str | None = None
+        #: How many times Redis was found to have lost data, why the last time, and when
+        #: (monotonic).
+        self.store_losses = 0
+        self.store_loss: str | None = None
+        self._store_lost_at: float | None = None
+        #: Followed kernels missing from the directory: since when (monotonic).
+        self._missing: dict[str, float] = {}
+        #: Each kernel's directory entry as last read, kept while the kernel is here.
+        self._known_links: dict[str, dict[str, Any]] = {}
+        self._wake = asyncio.Event()
+        self._renew_now = asyncio.Event()
         taps.on_close(self._tap_closed)
 
     # -- trust -----------------------------------------------------------------------
@@ -208,15 +253,15 @@ class ClusterNode(LoggingConfigurable):
 
     async def claim(self, kernel_id: str) -> bool:
         """Take the kernel's lease (or keep it); False if another node holds it. Called by
-        the TapManager before it starts a Tap. A kernel with a transcript already (its owner
+        the RecorderRegistry before it starts a Tap. A kernel with a transcript already (its owner
         died before this node ever followed it) is numbered on after a gap record."""
-        had = kernel_id in self.leases
-        value = await self.store.acquire(kernel_id, self.node, self.lease_ttl)
+        had = self.leases.holds(kernel_id)
+        value = await self.leases.acquire(kernel_id, self.node, self.lease_ttl)
         if value is None:
             return False
-        self._hold(kernel_id, value)
+        self.leases.hold(kernel_id, value)
         if not had:
-            gap = await self.store.take_over(kernel_id, value, "owner_lost")
+            gap = await self.leases.take_over(kernel_id, value, "owner_lost")
             self._after_hand_over(kernel_id)
             if gap is not None:
                 self.takeovers += 1
@@ -230,8 +275,8 @@ class ClusterNode(LoggingConfigurable):
     def _after_hand_over(self, kernel_id: str) -> None:
         """Handed over cleanly: no gap, unless the kernel, which held its output meanwhile,
         says it had to drop some (its hold notice; as after a restart of one gateway)."""
-        if kernel_id in self.store.handed_over:
-            self.store.handed_over.discard(kernel_id)
+        if kernel_id in self.leases.handed_over:
+            self.leases.handed_over.discard(kernel_id)
             self.taps.pending_gaps[kernel_id] = "owner_stopped"
             self.log.info("Kernel %s was handed over cleanly", kernel_id)
 
@@ -244,7 +289,7 @@ class ClusterNode(LoggingConfigurable):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         released: dict[str, bool] = {}
-        for kernel_id in list(self.leases):
+        for kernel_id in self.leases.held():
             tap = self.taps.taps.get(kernel_id)
             if tap is None or tap.closed or tap.following or not tap.ready.done():
                 # A kernel still starting dies with the server's shutdown: not handed over
@@ -255,11 +300,12 @@ class ClusterNode(LoggingConfigurable):
         written = await self.store.flush(max(0.1, deadline - loop.time()))
         handed = []
         for kernel_id, quiet in released.items():
-            value = self.leases.pop(kernel_id)
-            self.store.leases.pop(kernel_id, None)
-            clean = quiet and written and kernel_id not in self.store.fenced
+            clean = quiet and written and not self.leases.is_fenced(kernel_id)
+            value = self.leases.drop(kernel_id)
+            if value is None:
+                continue  # lost meanwhile: another node records it
             try:
-                if await self.store.hand_over(kernel_id, value, clean):
+                if await self.leases.hand_over(kernel_id, value, clean):
                     handed.append(kernel_id)
             except Exception as error:  # Redis gone: the lease expires, a survivor takes over
                 self.log.error("Could not hand kernel %s over: %s", kernel_id, error)
@@ -270,24 +316,28 @@ class ClusterNode(LoggingConfigurable):
             )  # fmt: skip
         return handed
 
-    def _hold(self, kernel_id: str, value: str) -> None:
-        self.leases[kernel_id] = value
-        self.store.leases[kernel_id] = value
-        self.store.fenced.discard(kernel_id)
-
-    def follow(self, tap: Any) -> None:
+    def follow(self, tap: KernelRecorder) -> None:
         """Read ``tap``'s kernel off the bus from the tap's head on."""
-        self.followed[tap.kernel_id] = tap.head
-        self._wake.set()
+        self.bus.follow(tap.kernel_id, tap.head)
+
+    def _follower(self, kernel_id: str) -> KernelRecorder | None:
+        """The recorder the bus hands ``kernel_id``'s records to (None: none here now)."""
+        return self.taps.taps.get(kernel_id)
 
     def owner_here(self, kernel_id: str) -> bool:
-        return kernel_id in self.leases
+        return self.leases.holds(kernel_id)
 
     # -- life ------------------------------------------------------------------------
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._sync_loop()), loop.create_task(self._bus_loop())]
+        self._renewing = loop.create_task(self._renew_loop())
+        self._tasks = [
+            loop.create_task(self._sync_loop()),
+            self._renewing,
+            loop.create_task(self.bus.run()),
+            loop.create_task(self._watch_leases()),
+        ]
 
     async def stop(self) -> None:
         """Stop syncing and reading (the node is stopping). Leases are not released: the
@@ -295,15 +345,20 @@ class ClusterNode(LoggingConfigurable):
         release them either."""
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
-        if self._bus is not None:
-            with contextlib.suppress(Exception):
-                await self._bus.aclose()
+        # Bounded: a task may miss its cancellation (asyncio.wait_for in CPython 3.11 can
+        # swallow one that comes as the awaited event is set, and a blocking Redis read can
+        # hold on to it): the stop goes on without it. Seen: a graceful stop that never
+        # ended, under load, until it was killed.
+        tasks, self._tasks = self._tasks, []
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT)
+            if pending:
+                self.log.warning(
+                    "%d of the node's tasks did not stop within %.0f s", len(pending), STOP_TIMEOUT
+                )
+        await self.bus.close()
 
-    def followers(self) -> list[Any]:
+    def followers(self) -> list[KernelRecorder]:
         return [tap for tap in self.taps.taps.values() if tap.following]
 
     async def _sync_loop(self) -> None:
@@ -323,27 +378,36 @@ class ClusterNode(LoggingConfigurable):
                 if self.last_error is None:
                     self.log.error("Syncing with the kernel directory failed: %s", error)
                 self.last_error = str(error)
-            await asyncio.sleep(self.sync_interval)
+            # The next pass: after sync_interval, or at once when an append found that
+            # Redis lost records.
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.sync_interval)
 
     async def sync(self) -> None:
-        """One pass: renew this node's leases, follow new kernels, take over kernels whose
-        owner is gone, let go of kernels that left the directory."""
+        """One pass: check that Redis kept its data, follow new kernels, take over kernels
+        whose owner is gone, let go of kernels whose end is recorded (and, before the node
+        starts its own renewals, renew its leases)."""
+        await self._check_store()
         if self.url:
             await self.store.save_node(self.node, self.url)
-        for kernel_id, value in list(self.leases.items()):
-            renewed = await self.store.renew(kernel_id, value, self.lease_ttl)
-            if not renewed and not await self._reacquire(kernel_id):
-                self._lost(kernel_id, "lease expired")
+        if self._renewing is None:  # not started (the application's first pass)
+            await self.renew_leases()
         links = await self.store.load_links()
         self.links = links
+        for kernel_id in self.leases.held():
+            if kernel_id not in links:
+                await self._put_link(kernel_id)
         for kernel_id, link in links.items():
-            if kernel_id in self.leases:
+            self._known_links[kernel_id] = link
+            self._missing.pop(kernel_id, None)
+            if self.leases.holds(kernel_id):
                 continue
             tap = self.taps.taps.get(kernel_id)
             try:
                 if tap is None:
                     await self._join(kernel_id, link)
-                elif tap.following and await self.store.holder(kernel_id) is None:
+                elif tap.following and await self.leases.holder(kernel_id) is None:
                     await self._take_over(tap, link)
             except (LocalError, KeyError, TypeError, ValueError) as error:
                 self.log.warning(
@@ -352,7 +416,91 @@ class ClusterNode(LoggingConfigurable):
                 )  # fmt: skip
         for tap in self.followers():
             if tap.kernel_id not in links:
-                await self._let_go(tap)
+                await self._absent(tap)
+
+    async def _check_store(self) -> None:
+        """Redis's incarnation id (written once: missing or changed, Redis lost its data)
+        and run_id (changed: Redis restarted or failed over; its owners check their
+        heads)."""
+        incarnation = await self.store.incarnation()
+        run_id = await self.store.run_id()
+        if self.run_id is not None and run_id != self.run_id:
+            self.log.warning("Redis restarted or failed over (its run_id changed)")
+        self.run_id = run_id
+        before, self.incarnation = self.incarnation, incarnation
+        if before is not None and incarnation != before:
+            self._store_lost("its incarnation key was gone (restarted empty, or flushed)")
+            for kernel_id in self.leases.held():
+                self.leases.lost.setdefault(kernel_id, 0)
+
+    def _store_lost(self, why: str) -> None:
+        """Redis lost data: health says so for :attr:`store_loss_notice` seconds."""
+        self.store_losses += 1
+        self.log.error("Redis lost data (%s): writing back what this node records", why)
+        self.store_loss = why
+        self._store_lost_at = time.monotonic()
+
+    async def _restore(self, kernel_id: str, known: int) -> None:
+        """Redis lost what this node holds of ``kernel_id`` (or all its data): take the
+        lease again (a token above every one seen), cover the records it lost (this node
+        wrote them up to ``known``) with a gap record, and write the directory entry
+        back. Another node holding the lease now (it took the kernel over meanwhile):
+        this node follows."""
+        value = await self.leases.acquire(kernel_id, self.node, self.lease_ttl)
+        if value is None:
+            self.leases.lost.pop(kernel_id, None)
+            self._lost(kernel_id, "another node took its lease after Redis lost it")
+            return
+        self.leases.hold(kernel_id, value)
+        gap = await self.leases.cover_loss(kernel_id, value, known)
+        if gap is not None:
+            self._store_lost(f"it no longer had records this node wrote (kernel {kernel_id})")
+        await self._put_link(kernel_id)
+        self.leases.lost.pop(kernel_id, None)
+        self.log.warning(
+            "Kernel %s: wrote back its lease and directory entry%s", kernel_id,
+            f" and a gap record for seqs {gap.first_seq}-{gap.seq}, which Redis lost"
+            if gap is not None else "",
+            extra={"kernel_id": kernel_id},
+        )  # fmt: skip
+
+    async def _put_link(self, kernel_id: str) -> None:
+        """Write the directory entry of a kernel this node records (it was missing)."""
+        tap = self.taps.taps.get(kernel_id)
+        link = describe_link(tap.kernel_manager) if tap is not None else None
+        if link is not None:
+            await self.store.put_link(kernel_id, link)
+
+    async def _absent(self, tap: KernelRecorder) -> None:
+        """A followed kernel is missing from the directory. Gone only if its transcript
+        says it ended (its tombstone); otherwise Redis forgot it, and its owner writes it
+        back. If none does within ``lease_ttl`` and no node holds its lease (its owner
+        died too), this node takes it over."""
+        kernel_id = tap.kernel_id
+        last = tap.last_message
+        if (last is not None and last.execution_state == "dead") or await self.store.ended(
+            kernel_id
+        ):
+            self._missing.pop(kernel_id, None)
+            await self._let_go(tap)
+            return
+        now = time.monotonic()
+        since = self._missing.setdefault(kernel_id, now)
+        link = self._known_links.get(kernel_id)
+        if (
+            link is not None
+            and now - since > self.lease_ttl
+            and await self.leases.holder(kernel_id) is None
+        ):
+            await self._take_over(tap, link)
+
+    def _rebuilding(self) -> list[str]:
+        """Kernels whose state in Redis is not back yet: held ones whose records Redis
+        lost, and followed ones missing from the directory for more than a pass (a kernel
+        that ends leaves it a moment before its end is recorded)."""
+        now = time.monotonic()
+        missing = [k for k, since in self._missing.items() if now - since > self.sync_interval]
+        return sorted({*self.leases.lost, *missing})
 
     async def join_now(self, kernel_id: str) -> None:
         """Join ``kernel_id`` at once if the directory has it (a request for a kernel
@@ -385,27 +533,32 @@ class ClusterNode(LoggingConfigurable):
             )
         await self.taps.ensure(kernel_id)
 
-    async def _take_over(self, tap: Any, link: dict[str, Any]) -> None:
+    async def _take_over(self, tap: KernelRecorder, link: dict[str, Any]) -> None:
         kernel_id = tap.kernel_id
-        value = await self.store.acquire(kernel_id, self.node, self.lease_ttl)
+        value = await self.leases.acquire(kernel_id, self.node, self.lease_ttl)
         if value is None:
             return  # another node was first
         started = time.monotonic()
-        self._hold(kernel_id, value)
-        self.followed.pop(kernel_id, None)
+        self.leases.hold(kernel_id, value)
+        self.bus.forget(kernel_id)
+        self._missing.pop(kernel_id, None)
+        seen = tap.head
         await self.catch_up(tap)
-        gap = await self.store.take_over(kernel_id, value, "owner_lost")
+        gap = await self.leases.take_over(kernel_id, value, "owner_lost", seen)
         self._after_hand_over(kernel_id)
         if gap is not None:
             tap.deliver(gap)
         # This node now answers for the kernel as its first owner did: a kernel the
         # gateway started is shut down (not detached) when asked to.
         kernel = self.kernel_manager.get_kernel(kernel_id)
+        attachment = getattr(kernel, "attachment", None)
+        # (None: a kernel this node started itself, taken back after it lost the lease.)
         with contextlib.suppress(KeyError, TypeError, ValueError):
-            original = Attachment.from_json(link["attachment"])
-            kernel.attachment.owned = original.owned
-            kernel.attachment.pid = original.pid
-            kernel.stop_on_shutdown = original.owned
+            if attachment is not None:
+                original = Attachment.from_json(link["attachment"])
+                attachment.owned = original.owned
+                attachment.pid = original.pid
+                kernel.stop_on_shutdown = original.owned
         tap.promote()
         self.taps.remember(kernel_id)
         self.takeovers += 1
@@ -415,7 +568,7 @@ class ClusterNode(LoggingConfigurable):
             extra={"kernel_id": kernel_id},
         )  # fmt: skip
 
-    async def catch_up(self, tap: Any) -> None:
+    async def catch_up(self, tap: KernelRecorder) -> None:
         """Deliver to a follower what its kernel's stream holds past the follower's head."""
         key = self.store.keys.of(tap.kernel_id, "log")
         while True:
@@ -427,56 +580,118 @@ class ClusterNode(LoggingConfigurable):
             if len(entries) < 1000:
                 return
 
-    async def _let_go(self, tap: Any) -> None:
+    async def _let_go(self, tap: KernelRecorder) -> None:
         """A followed kernel left the directory (its owner recorded its end): deliver what
         is left, and forget it here (its kernel manager detaches; the kernel is not
         touched)."""
         kernel_id = tap.kernel_id
         with contextlib.suppress(Exception):
             await self.catch_up(tap)
-        self.followed.pop(kernel_id, None)
+        self.bus.forget(kernel_id)
         if kernel_id in self.kernel_manager:
             kernel = self.kernel_manager.get_kernel(kernel_id)
             kernel.stop_on_shutdown = False
             with contextlib.suppress(Exception):
                 await self.kernel_manager.shutdown_kernel(kernel_id)
         self.taps.close_tap(kernel_id)
+        self._known_links.pop(kernel_id, None)
 
     def _lost(self, kernel_id: str, why: str) -> None:
-        """This node no longer holds the kernel's lease: it follows the kernel again."""
-        if self.leases.pop(kernel_id, None) is None:
+        """This node no longer holds the kernel's lease, or can no longer count on it: it
+        stops recording, forsakes what it numbered and did not write, ends its clients
+        (``lease_lost``, with their last seq) and follows the kernel again. The lease is
+        released if it is still this node's, so that another node takes the kernel at
+        once."""
+        value = self.leases.drop(kernel_id)
+        if value is None:
             return
-        self.store.leases.pop(kernel_id, None)
+        self.store.forsake(kernel_id)
         tap = self.taps.taps.get(kernel_id)
         self.log.error(
             "Lost the lease of kernel %s (%s): following it from now on", kernel_id, why,
             extra={"kernel_id": kernel_id},
         )  # fmt: skip
         if tap is not None and not tap.closed:
-            tap.demote()
+            self.taps.lease_lost(kernel_id)
             self.follow(tap)
+        task = asyncio.ensure_future(self.leases.release(kernel_id, value))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _reacquire(self, kernel_id: str) -> bool:
-        """The store's append found this node's lease gone: take it again if nobody else
-        took it or wrote since (this node was only late renewing it)."""
-        if kernel_id not in self.leases:
-            return False
-        value = await self.store.acquire_again(kernel_id, self.node, self.lease_ttl)
-        if value is None:
-            return False
-        self._hold(kernel_id, value)
-        self.log.warning(
-            "Kernel %s: this node's lease ran out before it was renewed; taken again",
-            kernel_id, extra={"kernel_id": kernel_id},
-        )  # fmt: skip
-        return True
+    async def _step_down_overdue(self) -> None:
+        """Stop recording every kernel whose lease this node could not renew in time
+        (Redis slow or away, this node paused): another node may hold it by now. Each
+        is asked once more first, within the margin: one still this node's, or free and
+        written by nobody since (a node only slow to renew it), is kept."""
+        for kernel_id in self.leases.overdue(time.monotonic()):
+            value = self.leases.value(kernel_id)
+            try:
+                kept = await asyncio.wait_for(
+                    self._still_held(kernel_id, value), self.lease_ttl * STEP_DOWN_MARGIN
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # no answer in time (asyncio.TimeoutError), or Redis away
+                kept = False
+            if not kept and self.leases.value(kernel_id) == value:
+                self._lost(kernel_id, "its lease could not be renewed in time")
+
+    async def _still_held(self, kernel_id: str, value: str) -> bool:
+        renewed, _ = await self.leases.renew(kernel_id, value, self.lease_ttl)
+        return renewed or await self.leases.reacquire(kernel_id, value)
+
+    async def renew_leases(self) -> None:
+        """Renew every lease this node holds (writing back what Redis lost); one that is
+        not this node's any more and cannot be taken again is lost."""
+        for kernel_id, value in self.leases.held().items():
+            known = self.store.confirmed.get(kernel_id, 0)
+            renewed, head = await self.leases.renew(kernel_id, value, self.lease_ttl)
+            if head < known or kernel_id in self.leases.lost:
+                await self._restore(kernel_id, known)
+            elif not renewed and not await self.leases.reacquire(kernel_id, value):
+                self._lost(kernel_id, "lease expired")
+
+    async def _renew_loop(self) -> None:
+        """Renew the leases every ``sync_interval``, apart from the pass over the directory
+        (a takeover's catch-up can take longer than a lease lasts)."""
+        failing = False
+        while True:
+            try:
+                await self.renew_leases()
+                if failing:
+                    self.log.info("Renewing the leases works again")
+                failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Redis unreachable: try again next time
+                if not failing:
+                    self.log.error("Renewing the leases failed: %s", error)
+                failing = True
+            # The next: after sync_interval, or at once when an append found that Redis
+            # lost records.
+            self._renew_now.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._renew_now.wait(), self.sync_interval)
+
+    def _wake_all(self) -> None:
+        self._wake.set()
+        self._renew_now.set()
+
+    async def _watch_leases(self) -> None:
+        """Check the leases' renewals on this node's own clock, apart from the renewals
+        (which may wait on a Redis that does not answer): see :meth:`_step_down_overdue`."""
+        interval = self.lease_ttl * STEP_DOWN_MARGIN / 2
+        while True:
+            await self._step_down_overdue()
+            await asyncio.sleep(interval)
 
     def _fenced(self, kernel_id: str) -> None:
         self._lost(kernel_id, "another node appends to its transcript")
 
     def _tap_closed(self, kernel_id: str, head: int) -> None:
-        self.followed.pop(kernel_id, None)
-        value = self.leases.pop(kernel_id, None)
+        self.bus.forget(kernel_id)
+        self._missing.pop(kernel_id, None)
+        self._known_links.pop(kernel_id, None)
+        value = self.leases.closing(kernel_id)
         if value is not None:
             # Once its last records (the kernel's end) are written: released before, the
             # lease would no longer be this node's when the writer gets to them.
@@ -486,10 +701,9 @@ class ClusterNode(LoggingConfigurable):
     async def _release_when_written(self, kernel_id: str, value: str) -> None:
         try:
             await self.store.flush(self.lease_ttl)
-            await self.store.release(kernel_id, value)
+            await self.leases.release(kernel_id, value)
         finally:
-            if self.store.leases.get(kernel_id) == value:
-                del self.store.leases[kernel_id]
+            self.leases.forget(kernel_id, value)
 
     # -- requests only the owner can serve ---------------------------------------------
 
@@ -509,7 +723,7 @@ class ClusterNode(LoggingConfigurable):
         """
         from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-        holder = await self.store.holder(kernel_id)
+        holder = await self.leases.holder(kernel_id)
         node = holder.rpartition(":")[0] if holder else None
         try:
             url = await self.store.node_url(node) if node and node != self.node else None
@@ -551,81 +765,25 @@ class ClusterNode(LoggingConfigurable):
             )
         return response.code, response.body or b"", response.headers.get("Content-Type", "")
 
-    # -- the record bus --------------------------------------------------------------
-
-    async def _bus_loop(self) -> None:
-        # A connection of its own: a blocking read must not share one with requests, and
-        # the socket timeout must outlast the block (redis-py 8 defaults to 5 s).
-        self._bus = connect(
-            self.store.url,
-            socket_timeout=self.bus_block + 30,
-            socket_connect_timeout=5,
-            single_connection_client=True,
-        )
-        keys = self.store.keys
-        failing = False
-        while True:
-            if not self.followed:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            streams = {keys.of(k, "log"): entry_id(last) for k, last in self.followed.items()}
-            try:
-                reply = await self._bus.xread(streams, count=1000, block=int(self.bus_block * 1000))
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                self.bus_errors += 1
-                if not failing:
-                    self.log.error("Reading the record bus failed: %s", error)
-                failing = True
-                await asyncio.sleep(0.5)
-                continue
-            if failing:
-                self.log.info("Reading the record bus works again")
-            failing = False
-            for key, entries in _streams(reply):
-                kernel_id = _kernel_of(key)
-                if kernel_id not in self.followed:
-                    continue
-                tap = self.taps.taps.get(kernel_id)
-                for entry, fields in entries:
-                    self.followed[kernel_id] = seq_of(entry)
-                    if tap is None:
-                        continue
-                    try:
-                        record = record_of_entry(kernel_id, fields)
-                    except MalformedMessage:
-                        self.log.warning("Kernel %s: entry %s is not a record", kernel_id, entry)
-                        continue
-                    tap.deliver(record)
-                    self.delivered += 1
-
     def health(self) -> ComponentHealth:
         details = {
             "node": self.node,
-            "recording": sorted(self.leases),
-            "following": sorted(self.followed),
+            "recording": sorted(self.leases.held()),
+            "following": sorted(self.bus.followed),
             "takeovers": self.takeovers,
-            "records_from_bus": self.delivered,
-            "bus_errors": self.bus_errors,
+            "records_from_bus": self.bus.delivered,
+            "bus_errors": self.bus.errors,
             "last_error": self.last_error,
+            "redis_run_id": self.run_id,
+            "store_losses": self.store_losses,
+            "last_store_loss": self.store_loss,
+            "rebuilding": self._rebuilding(),
         }
         if self.last_error is not None:
             return ComponentHealth("cluster", State.DEGRADED, "directory_unreachable", details)
+        if details["rebuilding"]:
+            return ComponentHealth("cluster", State.DEGRADED, "redis_data_lost_rebuilding", details)
+        lost_at = self._store_lost_at
+        if lost_at is not None and time.monotonic() - lost_at < self.store_loss_notice:
+            return ComponentHealth("cluster", State.DEGRADED, "redis_data_lost", details)
         return ComponentHealth("cluster", State.OK, None, details)
-
-
-def _streams(reply: Any) -> list[tuple[Any, list[Any]]]:
-    """XREAD's reply as ``[(key, entries)]``, in RESP2's shape or RESP3's."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return [(key, value[0] if value and isinstance(value[0], list) else value)
-                for key, value in reply.items()]  # fmt: skip
-    return [(key, entries) for key, entries in reply]
-
-
-def _kernel_of(key: Any) -> str:
-    text = key.decode() if isinstance(key, bytes) else str(key)
-    return text[text.index("{") + 1 : text.index("}")]
