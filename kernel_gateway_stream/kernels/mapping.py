@@ -26,6 +26,7 @@ from jupyter_core.utils import ensure_async
 from jupyter_server._tz import utcnow
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from tornado import web
+from traitlets import HasTraits
 
 from ..core.errors import start_failure
 from .attached import AttachedKernelManager
@@ -204,7 +205,7 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
         node attached, or one re-attached, is in the list a moment before) is stamped now:
         jupyter_server's model would fail on it, and ``GET /api/kernels`` answer 500."""
         kernel = self._kernels.get(kernel_id)
-        if kernel is not None and getattr(kernel, "last_activity", None) is None:
+        if kernel is not None and not _stamped(kernel):
             kernel.last_activity = utcnow()
         model: dict[str, Any] = super().kernel_model(kernel_id)
         return model
@@ -247,3 +248,12 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
             await kernel.cleanup_resources()
         except Exception:  # a background task's outermost frame: log it
             self.log.exception("Could not release the resources of dead kernel %s", kernel_id)
+
+
+def _stamped(kernel: Any) -> bool:
+    """Whether jupyter_server stamped ``kernel``'s ``last_activity``. Reading the trait
+    before that raises TraitError (a datetime trait with no default), not AttributeError,
+    so the value is looked up where traitlets keeps what was set."""
+    if isinstance(kernel, HasTraits) and kernel.has_trait("last_activity"):
+        return kernel._trait_values.get("last_activity") is not None
+    return getattr(kernel, "last_activity", None) is not None

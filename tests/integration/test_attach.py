@@ -238,8 +238,12 @@ async def test_a_kernel_that_stops_answering_shows_it(
 def test_a_kernel_listed_before_jupyter_server_stamped_it_is_listed() -> None:
     """A kernel in the manager's list before jupyter_server stamped its ``last_activity``
     (another node's kernel being attached, one re-attached): jupyter_server's model raised
-    AttributeError on it, and ``GET /api/kernels`` answered 500 (seen polling a node of a
-    cluster whose Redis had restarted empty)."""
+    on it, and ``GET /api/kernels`` answered 500 (seen polling a node of a cluster whose
+    Redis had restarted empty, and a node listing a kernel another node had just started).
+    A plain object raises AttributeError there; jupyter_server's own kernel manager, whose
+    ``last_activity`` is a datetime trait with no default, raises TraitError."""
+    from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
+
     from kernel_gateway_stream.kernels.mapping import StreamMappingKernelManager
 
     class Unstamped:
@@ -248,6 +252,9 @@ def test_a_kernel_listed_before_jupyter_server_stamped_it_is_listed() -> None:
 
     manager = StreamMappingKernelManager()
     manager._kernels["k1"] = Unstamped()
-    (model,) = manager.list_kernels()
-    assert (model["id"], model["execution_state"]) == ("k1", "starting")
-    assert model["last_activity"].endswith("Z")
+    manager._kernels["k2"] = ServerKernelManager(kernel_name="python3")
+    models = {model["id"]: model for model in manager.list_kernels()}
+    assert set(models) == {"k1", "k2"}
+    assert models["k1"]["execution_state"] == "starting"
+    for model in models.values():
+        assert model["last_activity"].endswith("Z")
