@@ -28,6 +28,7 @@ from tornado.httpclient import AsyncHTTPClient
 from benchmarks.firehose import install_kernelspec
 
 from ..integration.daemon import Daemon
+from ..integration.waits import wait_until
 from ..integration.wsclient import KernelWS
 from ..timing import seconds
 
@@ -47,6 +48,9 @@ CREEP = 1.15
 #: of them to wait for the memory to settle after a storm.
 TRIM_INTERVAL = 2.0
 SETTLE_TRIMS = 3
+#: Lines the kernel prints in a storm: what this machine's daemon records in about 30 s
+#: while a hundred clients reconnect (about 10,000 a second).
+FLOOD_LINES = 300_000
 #: Seconds each client's session is held after it drops (60 by default).
 SESSION_GRACE = 3.0
 
@@ -105,6 +109,7 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
     runner: KernelWS = await daemon.channels(kernel_id, protocol="v1")
     runner.execute("1000 64")
     await runner.until_lines(1000)
+    runner.close()
     await asyncio.sleep(1)
     baseline = process.memory_info().rss / MiB
     loop = asyncio.get_running_loop()
@@ -113,8 +118,22 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
     for storm in range(STORMS + 1):
         if storm == STORMS and afters[-1] < CREEP * afters[0]:
             break  # no creep: the extra storm is for a machine that measured noise
-        # A flood that outlasts the storm: 200-byte lines as fast as the kernel goes.
-        runner.execute("5000000 200")
+        # A flood that outlasts the storm: FLOOD_LINES 200-byte lines as fast as the kernel
+        # goes. Not millions: the firehose's IOPub queue has no bound, and the daemon was
+        # still reading such a flood minutes after the interrupt, so "after" measured the
+        # daemon mid-flood (and varied by 100 MiB with the machine's speed).
+        # Started by a client that then leaves (one that stayed without reading would hold
+        # its queue, a live client's memory, until the daemon cut it off).
+        head = (await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?limit=1"))["head"]
+        starter = await daemon.channels(kernel_id, protocol="v1")
+        starter.execute(f"{FLOOD_LINES} 200")
+
+        async def flood_started() -> bool:
+            page = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?limit=1")
+            return bool(page["head"] > head)
+
+        await wait_until(flood_started, "the flood's first records")
+        starter.close()
         until = loop.time() + STORM_SECONDS
         peak = baseline
 
@@ -138,6 +157,16 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
         await asyncio.gather(*clients)
         assert all(client.result() > start for client in clients)
         await daemon.fetch(f"/api/kernels/{kernel_id}/interrupt", method="POST", body="")
+        # What the daemon had not read of the flood when the kernel was interrupted is
+        # still coming: what is measured below is the daemon once it has recorded the
+        # flood's end, not the daemon still reading its tail (which made "after" vary by
+        # 100 MiB from run to run, with the machine's speed).
+
+        async def flood_ended() -> bool:
+            model = await daemon.fetch(f"/api/kernels/{kernel_id}")
+            return bool(model["execution_state"] == "idle")
+
+        await wait_until(flood_ended, "the interrupted flood's idle", 120)
         # Every client has left: nothing of theirs is kept (no subscriber, no replay).
         deadline = loop.time() + seconds(30)
         while (await health(daemon))["components"]["broker"]["subscribers"]:
@@ -167,7 +196,6 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
         assert peak - baseline < PEAK_MIB
         assert after < AFTER_FACTOR * baseline
         afters.append(after)
-    runner.close()
     # Fragmentation settles differently from run to run on a busy machine: a second storm
     # over the bound gets a third, which must not grow past the larger of the two before
     # (a real creep grows every time).
