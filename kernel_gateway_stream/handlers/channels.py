@@ -344,7 +344,27 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
                           ending.message, ending.last_seq,
                           extra={"kernel_id": self.kernel_id, "reason": ending.reason,
                                  "last_seq": ending.last_seq})  # fmt: skip
-        self.websocket_handler.close(ending.code, ending.close_reason())
+        close_with_grace(self.websocket_handler, ending.code, ending.close_reason())
+
+
+#: Seconds a client the gateway closes has to read what was sent before the close frame,
+#: and the frame, before the connection is aborted. tornado gives it 5 s: a slow consumer
+#: cut off with megabytes still in the socket's buffers, on a machine short of CPU, was
+#: aborted before it reached the close, and never learned its reason or its last seq.
+CLOSE_GRACE = 30.0
+
+
+def close_with_grace(handler: Any, code: int, reason: str) -> None:
+    """Close ``handler``'s WebSocket with ``code`` and ``reason``, and give the client
+    :data:`CLOSE_GRACE` seconds (not tornado's 5) to read up to the close frame."""
+    handler.close(code, reason)
+    protocol = handler.ws_connection
+    waiting = getattr(protocol, "_waiting", None)  # tornado's abort timer, if it set one
+    if waiting is None:
+        return
+    loop = protocol.stream.io_loop
+    loop.remove_timeout(waiting)
+    protocol._waiting = loop.add_timeout(loop.time() + CLOSE_GRACE, protocol._abort)
 
 
 class ChannelsHandler(KernelWebsocketHandler):

@@ -128,7 +128,7 @@ async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
         starter = await daemon.channels(kernel_id, protocol="v1")
         starter.execute(f"{FLOOD_LINES} 200")
 
-        async def flood_started() -> bool:
+        async def flood_started(head: int = head) -> bool:
             page = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?limit=1")
             return bool(page["head"] > head)
 
