@@ -37,6 +37,32 @@ __all__ = ["KernelAttacher", "kernel_id_of_file"]
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _NAMESPACE = uuid.UUID("6f1c1f8e-0b7e-4a53-9a55-6b3c9d2f0e11")
+#: Seconds the heartbeat of a kernel of the previous run is asked for when the process the
+#: gateway started for it is no longer on this host (it died with the gateway: a kill of
+#: the service's whole control group, an out-of-memory kill): it is asked at all only in
+#: case it is reachable after all, and is not waited for ``attach_timeout`` while every
+#: surface waits for the recovery to end.
+GONE_PROCESS_PING = 1.0
+
+
+def process_exists(pid: int) -> bool:
+    """True if this host has a live process ``pid`` (whoever owns it): not one that has
+    ended and waits to be reaped (a zombie, where the init system does not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            # "pid (command) state ...": the command may hold spaces and parentheses.
+            state = file.read().rpartition(b")")[2].split()[:1]
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel the plain way
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # EPERM: it exists, and is another user's
+            return True
+        return True
+    return state not in ([b"Z"], [b"X"])
 
 
 def kernel_id_of_file(path: str, data: dict[str, Any]) -> str:
@@ -190,7 +216,10 @@ class KernelAttacher(LoggingConfigurable):
             info = check_connection_info(attachment.connection_info)
             # Its heartbeat, not a kernel_info_request: a kernel busy with a long cell
             # may not answer that in time, and one that does not answer is killed below.
-            if not await self.sockets.ping(info, self.attach_timeout):
+            timeout = self.attach_timeout
+            if attachment.owned and attachment.pid and not process_exists(attachment.pid):
+                timeout = min(timeout, GONE_PROCESS_PING)
+            if not await self.sockets.ping(info, timeout):
                 raise KernelNotAnswering(f"its heartbeat at {info['ip']} does not answer")
             taps.pending_gaps[kernel_id] = "gateway_restart"
             await self.attach(
