@@ -44,9 +44,11 @@ sweep = test_netns.sweep
 pytestmark = pytest.mark.xdist_group("namespaces")
 netns_daemon = test_netns.netns_daemon
 
-#: What kernel code runs; it prints one JSON line. ``{timeout}`` bounds every connection.
+#: What kernel code runs; it prints one JSON line. ``{timeout}`` bounds every connection;
+#: the connections are tried at once (a dropped one waits the whole of it).
 PROBE = """
 import json, os, socket, subprocess
+from concurrent.futures import ThreadPoolExecutor
 from ipykernel.kernelapp import IPKernelApp
 
 def connect(port, host={host!r}):
@@ -72,10 +74,16 @@ def read(path):
 
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 gateway = os.getppid()
-nsenter = subprocess.run(
+pool = ThreadPoolExecutor(4)
+nsenter = pool.submit(
+    subprocess.run,
     ["nsenter", f"--net=/proc/{{gateway}}/ns/net", "true"],
     capture_output=True, text=True, timeout={timeout},
 )
+listener = pool.submit(connect, {listener_port})
+listener6 = pool.submit(connect, {listener6_port}, {host6!r})
+gateway_port = pool.submit(connect, {gateway_port})
+nsenter = nsenter.result()
 print(json.dumps({{
     "uid": os.getuid(),
     "euid": os.geteuid(),
@@ -85,9 +93,9 @@ print(json.dumps({{
     "no_new_privs": int(status["NoNewPrivs"]),
     "gateway": gateway,
     "nsenter": [nsenter.returncode, nsenter.stderr.strip()],
-    "listener": connect({listener_port}),
-    "listener6": connect({listener6_port}, {host6!r}),
-    "gateway_port": connect({gateway_port}),
+    "listener": listener.result(),
+    "listener6": listener6.result(),
+    "gateway_port": gateway_port.result(),
     "own_connection_file": read(IPKernelApp.instance().connection_file),
     "other_connection_files": [read(path) for path in {other_files!r}],
     "other_kernel": signal({other_pid}),
