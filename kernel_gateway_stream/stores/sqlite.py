@@ -160,7 +160,8 @@ class SQLiteTranscriptStore(TranscriptStore):
         2.0,
         config=True,
         help="Seconds between checks that the database file is still the one being written "
-        "(deleted: restored from the open copy; replaced: reported).",
+        "(deleted: restored from the open copy; replaced: the other file is moved aside, "
+        "kept whole, and the open copy restored).",
     )
 
     # -- life cycle -------------------------------------------------------------------

@@ -16,7 +16,9 @@ One thread writes every kernel's transcript, one transaction per batch:
   with backoff while the records stay in the pending buffer, readable; the store is
   ``degraded`` meanwhile, and ``failing`` once the buffer overflows and records become
   gap records. A database deleted under the gateway is restored from the open
-  connection (``VACUUM INTO``); one replaced by another file is reported, not touched.
+  connection (``VACUUM INTO``); one replaced by another file too, once that file is moved
+  aside (``<path>.replaced-<time>-<inode>``, kept whole): a kernel's seqs have one
+  history, the one the gateway numbered.
 * **Retention** every ``retention_interval``: by age, by bytes on disk, and whole
   transcripts some time after their kernel shut down.
 """
@@ -438,7 +440,8 @@ class TranscriptWriter(threading.Thread):
     # -- the file ---------------------------------------------------------------------
 
     def _check_file(self) -> None:
-        """Is the database at the path still the one we write? Restore it if deleted."""
+        """Is the database at the path still the one we write? Restore it if deleted or
+        replaced (the file in its place is set aside)."""
         self.reservation_check()
         current = _identity(self.settings.path)
         state = self.state
@@ -455,8 +458,26 @@ class TranscriptWriter(threading.Thread):
                 "deleted" if current is None else "replaced by another file",
             )
             state.file_problem = problem
-        if current is None:
-            self._restore()
+        if current is not None and not self._set_aside(current):
+            return
+        self._restore()
+
+    def _set_aside(self, current: tuple[int, int]) -> bool:
+        """Move the file that took the database's place aside (kept whole, beside it), so
+        that the database we hold open is restored to its path: numbering and serving on
+        from another file would give a live kernel's seqs a second history (and answer
+        404 for its transcript). True once the path is free."""
+        path = self.settings.path
+        aside = f"{path}.replaced-{time.strftime('%Y%m%dT%H%M%S')}-{current[1]}"
+        try:
+            if _identity(path) != current:  # replaced again meanwhile: look again next time
+                return False
+            os.rename(path, aside)
+        except OSError as error:
+            self.log.error("Could not set the file that replaced the database aside: %s", error)
+            return False
+        self.log.error("The file that replaced the transcript database is kept as %s", aside)
+        return True
 
     def _restore(self) -> None:
         """Write the database we still hold open back to its path, and reopen it there."""

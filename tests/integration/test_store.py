@@ -429,7 +429,7 @@ async def test_a_path_that_cannot_be_opened_stops_the_start(tmp_path: Path) -> N
 async def test_a_deleted_database_is_detected_and_restored(tmp_path: Path) -> None:
     """Item 12: a database deleted under the gateway is reported (failing,
     database_deleted) and restored from the open copy, with everything it held; one
-    replaced by another file is reported and left alone."""
+    replaced by another file too, that file set aside."""
     path = tmp_path / "t.sqlite3"
     store = open_store(str(path), file_check_interval=0.05)
     for seq in range(1, 101):
@@ -454,16 +454,30 @@ async def test_a_deleted_database_is_detected_and_restored(tmp_path: Path) -> No
     assert covered((await reopened.read("k", 0, 1000)).records) == list(range(1, 201))
     reopened.close()
 
+    # Replaced by another database (an empty one, as a careless restore or copy would
+    # put there): that file is moved aside, kept whole, and ours restored in its place,
+    # so the kernel's transcript is served and numbered on, never begun again.
     other = tmp_path / "other.sqlite3"
     open_store(str(other)).close()
+    other_bytes = other.read_bytes()
     store = open_store(str(path), file_check_interval=0.05)
     other.replace(path)
     deadline = loop.time() + seconds(30)
-    while store.health().reason != "database_replaced" and loop.time() < deadline:
+    while store.writer.state.restored == 0 and loop.time() < deadline:
         await asyncio.sleep(0.05)
-    health = store.health()
-    assert (health.state, health.reason) == (State.FAILING, "database_replaced")
+    assert store.writer.state.restored == 1
+    [aside] = tmp_path.glob("t.sqlite3.replaced-*")
+    assert aside.read_bytes() == other_bytes
+    for seq in range(201, 301):
+        store.append(stream_record("k", seq, f"{seq}\n"))
+    assert await store.flush(seconds(30))
+    assert store.health().state is State.OK
+    texts = [r.message.text for r in (await store.read("k", 0, 1000)).records]
+    assert texts == [f"{seq}\n" for seq in range(1, 301)]
     store.close()
+    reopened = open_store(str(path))
+    assert covered((await reopened.read("k", 0, 1000)).records) == list(range(1, 301))
+    reopened.close()
 
 
 async def test_a_full_database_wedges_nothing_and_every_record_lands_after(
