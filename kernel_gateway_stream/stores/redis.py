@@ -331,6 +331,14 @@ class RedisTranscriptStore(TranscriptStore):
     retry_interval = Float(
         0.5, config=True, help="Seconds before a failed write to Redis is tried again."
     )
+    stall_after = Float(
+        1.0,
+        config=True,
+        help="Seconds a write to Redis may wait for its answer before health says the store "
+        "is degraded (writes_stalled): a paused or unreachable Redis, or one cut off by the "
+        "network, does not fail a write until the socket times out, and nothing becomes "
+        "durable meanwhile.",
+    )
     close_timeout = Float(
         10.0,
         config=True,
@@ -357,6 +365,8 @@ class RedisTranscriptStore(TranscriptStore):
         self.batches = 0
         self.failures = 0
         self.last_error: str | None = None
+        #: When the write in flight was sent (monotonic seconds), else None.
+        self._write_sent: float | None = None
         self._cursors: dict[tuple[str, str], int] = {}
         #: kernel id -> the head after this node's last append that Redis confirmed: what
         #: Redis must still have (see :class:`StoreLost`).
@@ -423,6 +433,7 @@ class RedisTranscriptStore(TranscriptStore):
                 batch = self.pending.take(self.batch_records)
                 if not batch:
                     break
+                self._write_sent = time.monotonic()
                 try:
                     await self._write(batch)
                 except Exception as error:  # Redis down or refusing: keep, retry later
@@ -431,8 +442,10 @@ class RedisTranscriptStore(TranscriptStore):
                     if self.last_error is None:
                         self.log.error("Writing transcripts to Redis failed: %s", error)
                     self.last_error = str(error)
+                    self._write_sent = None
                     await asyncio.sleep(self.retry_interval)
                     continue
+                self._write_sent = None
                 if self.last_error is not None:
                     self.log.info("Writing transcripts to Redis works again")
                 self.last_error = None
@@ -801,6 +814,11 @@ class RedisTranscriptStore(TranscriptStore):
             return ComponentHealth("store", State.FAILING, "backlog_full_records_dropped", details)
         if self.last_error is not None and pending.records:
             return ComponentHealth("store", State.DEGRADED, "writes_failing", details)
+        sent = self._write_sent
+        waiting = 0.0 if sent is None else time.monotonic() - sent
+        if waiting > self.stall_after:
+            details["write_waiting_seconds"] = round(waiting, 1)
+            return ComponentHealth("store", State.DEGRADED, "writes_stalled", details)
         if pending.bytes > pending.max_bytes // 2:
             return ComponentHealth("store", State.DEGRADED, "backlog_high", details)
         return ComponentHealth("store", State.OK, None, details)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,12 +19,16 @@ import pytest
 
 from kernel_gateway_stream.cluster.leases import LeaseMap
 from kernel_gateway_stream.core.errors import StoreUnavailable
+from kernel_gateway_stream.core.health import State
 from kernel_gateway_stream.core.marks import GAP_MSG_TYPE, lifecycle_status
 from kernel_gateway_stream.core.messages import Record
 from kernel_gateway_stream.stores.redis import Fenced, RedisTranscriptStore, StoreLost
 
+from ..timing import seconds
+from .redis_server import RedisServer, require_redis_server
 from .test_several_nodes import redis_url
 from .test_store import execute_request_header, kernel_like_record, stream_record
+from .waits import wait_until
 
 
 @pytest.fixture
@@ -273,3 +278,42 @@ async def test_an_unreachable_redis_stops_the_start_with_one_clear_line() -> Non
         unreachable.open()
     assert "127.0.0.1:1" in str(refused.value)
     assert "secret" not in str(refused.value)
+
+
+async def test_a_paused_redis_makes_health_say_the_writes_are_stalled(tmp_path: Any) -> None:
+    """A paused Redis (or one the network cut off) fails no write until the socket times
+    out, seconds later, while nothing becomes durable: health says ``writes_stalled``
+    (degraded) once a write has waited ``stall_after``, and ``ok`` again once it lands,
+    with every record written once. Before, it said ``ok`` throughout a pause shorter than
+    the socket timeout (issue 25: health ``ok`` while failing)."""
+    require_redis_server()
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        await server.wait_ready()
+        store = RedisTranscriptStore(url=server.url, stall_after=0.3)
+        store.open()
+        leases = LeaseMap(store, "a", 60, logging.getLogger(__name__))
+        kernel_id = await owned(leases)
+        store.append(stream_record(kernel_id, 1, "before\n"))
+        assert await store.flush(seconds(10))
+        assert store.health().state is State.OK
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            store.append(stream_record(kernel_id, 2, "during\n"))
+            await wait_until(
+                lambda: store.health().reason == "writes_stalled", "health to say so", 10
+            )
+            health = store.health()
+            assert health.state is State.DEGRADED
+            assert health.details["write_waiting_seconds"] >= 0.3
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert await store.flush(seconds(10))
+        assert store.health().state is State.OK
+        page = await store.read(kernel_id, 0, 10)
+        assert texts(page.records) == ["before\n", "during\n"]
+        store.close()
+    finally:
+        server.stop()
