@@ -120,6 +120,13 @@ class ClusterNode(LoggingConfigurable):
         help="Seconds between two passes over the kernel directory: leases renewed, new kernels "
         "followed, expired leases taken over, kernels gone let go. At most lease_ttl / 3.",
     )
+    stall_after = Float(
+        2.0,
+        config=True,
+        help="Seconds a pass over the kernel directory may wait on Redis before health says "
+        "the cluster is degraded (directory_stalled): a paused Redis, or one the network cut "
+        "off, fails no request until the socket times out.",
+    )
     advertise_url = Unicode(
         "",
         config=True,
@@ -176,6 +183,8 @@ class ClusterNode(LoggingConfigurable):
         self.links: dict[str, dict[str, Any]] = {}
         self.takeovers = 0
         self.last_error: str | None = None
+        #: When the pass over the directory under way began (monotonic), else None.
+        self._pass_started: float | None = None
         #: This node's URL for the others (set by the application) and its token.
         self.url = self.advertise_url
         self.token = ""
@@ -363,7 +372,7 @@ class ClusterNode(LoggingConfigurable):
 
     async def _sync_loop(self) -> None:
         while True:
-            started = time.monotonic()
+            started = self._pass_started = time.monotonic()
             try:
                 await self.sync()
                 took = time.monotonic() - started
@@ -378,6 +387,8 @@ class ClusterNode(LoggingConfigurable):
                 if self.last_error is None:
                     self.log.error("Syncing with the kernel directory failed: %s", error)
                 self.last_error = str(error)
+            finally:
+                self._pass_started = None
             # The next pass: after sync_interval, or at once when an append found that
             # Redis lost records.
             self._wake.clear()
@@ -781,6 +792,11 @@ class ClusterNode(LoggingConfigurable):
         }
         if self.last_error is not None:
             return ComponentHealth("cluster", State.DEGRADED, "directory_unreachable", details)
+        started = self._pass_started
+        waiting = 0.0 if started is None else time.monotonic() - started
+        if waiting > self.stall_after:
+            details["pass_waiting_seconds"] = round(waiting, 1)
+            return ComponentHealth("cluster", State.DEGRADED, "directory_stalled", details)
         if details["rebuilding"]:
             return ComponentHealth("cluster", State.DEGRADED, "redis_data_lost_rebuilding", details)
         lost_at = self._store_lost_at

@@ -1,0 +1,88 @@
+"""Issue 25, item 3: health is never ``ok`` while Redis does not answer.
+
+A paused Redis (SIGSTOP), like one the network cut off, fails no request until the client's
+socket times out, 10 s later: meanwhile nothing becomes durable and the kernel directory is
+not read, and every node's health said ``ok`` (the fault runs counted 36 to 59 such samples
+per three pauses). One real node on a redis-server of the test's own, a kernel printing
+a line every 10 ms: within a few seconds of the pause the node's health is ``degraded``,
+the cluster component ``directory_stalled`` and the store ``writes_stalled``; after it,
+``ok`` again, and every line is in the transcript once, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tornado.httpclient import AsyncHTTPClient
+
+from ..integration.redis_server import RedisServer
+from ..integration.test_several_nodes import CLUSTER_SECRET, Cluster
+from ..integration.waits import wait_until
+from ..timing import seconds
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("several-nodes")]
+
+LINES = 500
+TICKER = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.01)"
+
+
+async def test_health_leaves_ok_while_redis_is_paused(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    await own_redis.wait_ready()
+    cluster = Cluster(tmp_path, own_redis.url, names="a")
+    node = cluster.nodes["a"]
+    # A lease that outlasts the pause: this test is about health, not a takeover.
+    node.start(
+        f"--RedisTranscriptStore.key_prefix={cluster.prefix}",
+        f"--ClusterNode.lease_ttl={seconds(20)}",
+        "--ClusterNode.sync_interval=0.3",
+        "--ClusterNode.allow_unauthenticated_redis=True",
+        env={"KGS_REDIS_URL": own_redis.url, "KGS_CLUSTER_SECRET": CLUSTER_SECRET},
+    )
+    try:
+        await node.wait_ready()
+        kernel_id = await node.start_kernel()
+        ws = await node.channels(kernel_id)
+        msg_id = ws.execute(TICKER)
+        await ws.until_lines(20)
+
+        async def health() -> dict[str, Any]:
+            response = await AsyncHTTPClient().fetch(
+                node.url + "/api/gateway/health", headers=node.headers, raise_error=False
+            )
+            body: dict[str, Any] = json.loads(response.body)
+            return body
+
+        assert (await health())["status"] == "ok"
+        assert own_redis.process is not None
+        own_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            seen: dict[str, str] = {}
+
+            async def both_stalled() -> bool:
+                components = (await health())["components"]
+                for name in ("cluster", "store"):
+                    seen[name] = str(components[name].get("reason"))
+                return seen == {"cluster": "directory_stalled", "store": "writes_stalled"}
+
+            await wait_until(both_stalled, "the cluster and the store to say they wait", 5)
+            assert (await health())["status"] == "degraded"
+        finally:
+            own_redis.process.send_signal(signal.SIGCONT)
+        received = await ws.until_idle(msg_id, timeout=seconds(60))
+        ws.close()
+
+        async def ok_again() -> bool:
+            return bool((await health())["status"] == "ok")
+
+        await wait_until(ok_again, "health ok again", 30)
+        text = await node.fetch(f"/api/kernels/{kernel_id}/transcript?format=text&parent={msg_id}")
+        assert text == "".join(f"{i}\n" for i in range(LINES))
+        assert received.messages, "the client was not cut off"
+    finally:
+        cluster.stop()
