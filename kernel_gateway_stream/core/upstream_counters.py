@@ -64,9 +64,10 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["CounterWatch", "Lost", "parse_counter"]
+__all__ = ["CounterWatch", "Lost", "missed_while_away", "parse_counter"]
 
 #: Sessions watched at once: the kernel's, and the one before its last restart.
 MAX_SESSIONS = 2
@@ -84,6 +85,39 @@ def parse_counter(msg_id: str) -> tuple[str, int] | None:
     if match is None:
         return None
     return match.group("key"), int(match.group("n"))
+
+
+#: How far below the highest number the gateway had of a session a number may still have
+#: been on its way (ipykernel numbers in two threads: see rule 1), for :func:`missed_while_away`.
+REORDER_WINDOW = 1000
+
+
+def missed_while_away(
+    known: Iterable[str], msg_id: str, window: int = REORDER_WINDOW
+) -> int | None:
+    """At most how many messages a kernel numbered that the gateway never received, from
+    the msg_ids it has (``known``: its transcript's last ones) to ``msg_id``, the first it
+    receives after being away (a gateway restarted, a kernel re-attached): the numbers
+    missing from ``window`` below the highest known one up to ``msg_id``'s. An upper bound
+    (a reply to another client, or a number still on its way, counts as missed), never
+    less than what was missed; None where it cannot be told (another session: the kernel
+    restarted meanwhile; a msg_id of another form; nothing known of its session)."""
+    counted = parse_counter(msg_id)
+    if counted is None:
+        return None
+    key, number = counted
+    seen: set[int] = set()
+    for other in known:
+        found = parse_counter(other)
+        if found is not None and found[0] == key:
+            seen.add(found[1])
+    if not seen:
+        return None
+    highest = max(seen)
+    if number <= highest:
+        return None  # out of order across the restart: nothing to count from
+    low = max(-1, highest - window)
+    return sum(1 for n in range(low + 1, number) if n not in seen)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ from ..core.messages import KernelMessage, Record, Signer, unstored_placeholder
 from ..core.oversize import cut_message
 from ..core.ownership import Action, Event, Ownership, Role
 from ..core.sequencer import Sequencer
+from ..core.upstream_counters import REORDER_WINDOW, missed_while_away
 from ..kernels.base import IOPubSource, KernelLink, death_reason, start_of
 from ..stores.base import TranscriptStore
 from .activity import ActivityBridge
@@ -212,6 +213,8 @@ class KernelRecorder:
         #: The reason of the gap to record before the kernel's next message, if it does
         #: not say that it held its output (re-attached after a restart of the gateway).
         self._restart_gap: str | None = None
+        #: The msg_ids last recorded before a restart gap (see :meth:`_read_recent`).
+        self._known_ids: list[str] = []
         self._known_session = ""
         self._session_read_from: KernelMessage | None = None
         self._last: KernelMessage | None = None
@@ -310,6 +313,9 @@ class KernelRecorder:
             until = min(since, page.records[0].first_seq - 1)
         for msg_id in found:
             self._recent.add(msg_id.encode())
+        # For a restart gap's count (:func:`missed_while_away`): the last ids, in order,
+        # hold every number of the kernel's session near the highest.
+        self._known_ids = found[-2 * REORDER_WINDOW :]
 
     def _start_recording(self) -> None:
         self.store.kernel_started(self.kernel_id, time.time())
@@ -414,8 +420,12 @@ class KernelRecorder:
             self._spool_notice(message)
             return
         if self._restart_gap is not None and message.msg_type != "iopub_welcome":
+            # What the kernel numbered while nobody recorded it: at most that many
+            # messages, by jupyter_client's numbering (unknown for a kernel restarted
+            # meanwhile, or one that numbers otherwise).
             reason, self._restart_gap = self._restart_gap, None
-            self.record_gap(reason, None)
+            self.record_gap(reason, missed_while_away(self._known_ids, message.msg_id))
+            self._known_ids = []
         self._recent.add(message.msg_id.encode())
         limit = self.policy.max_message_bytes
         if limit and message.size > limit:
@@ -483,6 +493,7 @@ class KernelRecorder:
         if content.get("acks") is True:
             self.acknowledges = True
         reason, self._restart_gap = self._restart_gap, None
+        self._known_ids = []
         if reason is not None or held:
             self.log.info(
                 "Kernel %s held %d IOPub messages while unwatched (%s dropped)",
@@ -725,6 +736,7 @@ class KernelRecorder:
         if self._restart_gap is not None:  # it never spoke again: what it printed is lost
             # (its reason is the dead mark's too, as it has always been)
             reason, self._restart_gap = self._restart_gap, None
+            self._known_ids = []
             self.record_gap(reason, None)
         leaving = getattr(self.kernel_manager, "leaving", "shutdown")
         self.record_mark("dead", reason or ("detached" if leaving == "detach" else "shutdown"))

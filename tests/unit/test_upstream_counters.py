@@ -3,7 +3,12 @@ pure, time passed in."""
 
 from __future__ import annotations
 
-from kernel_gateway_stream.core.upstream_counters import CounterWatch, Lost, parse_counter
+from kernel_gateway_stream.core.upstream_counters import (
+    CounterWatch,
+    Lost,
+    missed_while_away,
+    parse_counter,
+)
 
 KEY = "5f0c1c0e-8d63a1f2b0e94c59a1b2c3d4_4242"
 
@@ -251,3 +256,25 @@ def test_numbers_before_the_first_iopub_message_of_a_watched_counter_are_not_los
     # From the first IOPub message on, a missing number is a hole as ever.
     counters.saw(mid(13), 20.0)
     assert counters.poll(40.0) == Lost(1, False, 12, 12, ((12, 12),))
+
+
+def test_missed_while_away_counts_every_number_not_received_up_to_the_first_after() -> None:
+    """A kernel re-attached after a restart of the gateway: what it numbered between the
+    last message recorded and the first one received after is at most that many."""
+    known = [f"{KEY}_{n}" for n in range(100)]  # jupyter_client counts from 0
+    assert missed_while_away(known, f"{KEY}_100") == 0
+    assert missed_while_away(known, f"{KEY}_150") == 50
+    # A number below the highest that had not arrived yet (ipykernel numbers in two
+    # threads) is counted too: an upper bound, never less than what was missed.
+    assert missed_while_away([k for k in known if not k.endswith("_98")], f"{KEY}_150") == 51
+    # ... but only near the highest: older holes (replies to other clients) are not.
+    sparse = [f"{KEY}_{n}" for n in range(1, 5001, 2)]
+    assert missed_while_away(sparse, f"{KEY}_5001", window=10) == 6  # 4990, 4992 ... 5000
+
+
+def test_missed_while_away_cannot_tell_across_sessions_or_forms() -> None:
+    known = [f"{KEY}_{n}" for n in range(1, 11)]
+    assert missed_while_away(known, "another-session-key_5") is None  # restarted meanwhile
+    assert missed_while_away(known, "not-numbered") is None
+    assert missed_while_away([], f"{KEY}_3") is None
+    assert missed_while_away(known, f"{KEY}_7") is None  # below what it had
