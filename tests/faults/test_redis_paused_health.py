@@ -11,7 +11,9 @@ the cluster component ``directory_stalled`` and the store ``writes_stalled``; af
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -44,9 +46,13 @@ async def test_health_leaves_ok_while_redis_is_paused(
         "--ClusterNode.allow_unauthenticated_redis=True",
         env={"KGS_REDIS_URL": own_redis.url, "KGS_CLUSTER_SECRET": CLUSTER_SECRET},
     )
+    kernel_pids: list[int] = []
     try:
         await node.wait_ready()
         kernel_id = await node.start_kernel()
+        # A node's kernels outlive its stop (another node would take them over): this
+        # test's is killed at the end.
+        kernel_pids = node.kernel_pids()
         ws = await node.channels(kernel_id)
         msg_id = ws.execute(TICKER)
         await ws.until_lines(20)
@@ -86,3 +92,6 @@ async def test_health_leaves_ok_while_redis_is_paused(
         assert received.messages, "the client was not cut off"
     finally:
         cluster.stop()
+        for pid in kernel_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
