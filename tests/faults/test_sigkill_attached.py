@@ -13,13 +13,9 @@ tests/faults/test_sigkill_launcher.py: a kernel of the gateway's launcher loses 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import signal
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,7 +23,7 @@ from kernel_gateway_stream.client import GatewayClient
 
 from ..integration.daemon import TOKEN, Daemon
 from ..integration.test_attach import OutsideKernel
-from ..timing import seconds
+from .test_kernels_outlive import all_records
 
 GAP = "kernel_gateway_stream_gap"
 LINES = 20_000
@@ -38,17 +34,6 @@ FLOOD = (
     f"import sys, time\nfor i in range({LINES}):\n"
     "    sys.stdout.write(f'{i}\\n'); sys.stdout.flush(); time.sleep(0.0003)"
 )
-
-
-async def all_records(daemon: Daemon, kernel_id: str) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    since = 0
-    while True:
-        page = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?since={since}&limit=10000")
-        if not page["records"]:
-            return records
-        records += page["records"]
-        since = page["next_since"]
 
 
 @pytest.mark.parametrize("kill_after", [1_000, 6_000])
@@ -78,14 +63,7 @@ async def test_a_sigkill_mid_flood_of_an_attached_kernel_leaves_every_missing_li
 
         daemon.start()
         await daemon.wait_ready()
-        deadline = time.monotonic() + seconds(120)
-        path = f"/api/kernels/{kernel_id}/executions/{msg_id}"
-        while True:
-            with contextlib.suppress(Exception):  # 404 until the kernel is re-attached
-                if (await daemon.fetch(path))["status"] != "running":
-                    break
-            assert time.monotonic() < deadline, "the flood never ended in the transcript"
-            await asyncio.sleep(0.2)
+        await daemon.until_execution_ended(kernel_id, msg_id)
         records = await all_records(daemon, kernel_id)
         log = daemon.log_text()
     finally:

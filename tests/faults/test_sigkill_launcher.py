@@ -13,16 +13,13 @@ the killed gateway had not made durable.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import time
 
 import pytest
 
 from ..integration.daemon import Daemon
-from ..timing import seconds
 
 KILLS = 5
 #: From this kill on, the killed gateway commits half a second late.
@@ -61,14 +58,7 @@ async def test_a_sigkill_mid_flood_loses_no_line_of_a_launcher_kernel(
 
         daemon.start(*options)
         await daemon.wait_ready()
-        deadline = time.monotonic() + seconds(120)
-        path = f"/api/kernels/{kernel_id}/executions/{msg_id}"
-        while True:
-            with contextlib.suppress(Exception):  # 404 until the kernel is re-attached
-                if (await daemon.fetch(path))["status"] != "running":
-                    break
-            assert time.monotonic() < deadline, "the flood never ended in the transcript"
-            await asyncio.sleep(0.2)
+        await daemon.until_execution_ended(kernel_id, msg_id)
         text = await daemon.fetch(
             f"/api/kernels/{kernel_id}/transcript?format=text&parent={msg_id}"
         )

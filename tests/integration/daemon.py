@@ -136,6 +136,21 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.kill_hard()
 
+    async def until_execution_ended(
+        self, kernel_id: str, msg_id: str, timeout: float = 120
+    ) -> None:
+        """Until execution ``msg_id`` is no longer ``running`` (the kernel may still be being
+        re-attached after a restart: 404 until then)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds(timeout)
+        path = f"/api/kernels/{kernel_id}/executions/{msg_id}"
+        while True:
+            with contextlib.suppress(Exception):  # 404 until the kernel is re-attached
+                if (await self.fetch(path))["status"] != "running":
+                    return
+            assert loop.time() < deadline, "the execution never ended in the transcript"
+            await asyncio.sleep(0.2)
+
     async def fetch(self, path: str, **kwargs: Any) -> Any:
         kwargs.setdefault("headers", self.headers)
         response = await AsyncHTTPClient().fetch(self.url + path, **kwargs)
