@@ -272,17 +272,21 @@ class LeaseMap:
         return value
 
     async def acquire_again(self, kernel_id: str, node: str, ttl: float) -> str | None:
-        """A new lease for ``node`` if the lease ran out unused (see ``_REACQUIRE``)."""
+        """A new lease for ``node`` if the lease ran out unused (see ``_REACQUIRE``): free,
+        and the transcript's head still the one this node last wrote (the store's
+        ``confirmed``), so that no other node wrote in between. (The head read just before
+        would do for a node that was never paused; one paused while another took the kernel
+        over, numbered on and let the lease run out would take it back over their records.)"""
         keys = self.store.keys
         sent = time.monotonic()
-        head = await self.store.redis.hget(keys.of(kernel_id, "meta"), "head")
+        head = self.store.confirmed.get(kernel_id, 0)
         value = await self._script("reacquire")(
             keys=[
                 keys.of(kernel_id, "lease"),
                 keys.of(kernel_id, "fence"),
                 keys.of(kernel_id, "meta"),
             ],
-            args=[node, int(ttl * 1000), self.tokens.get(kernel_id, 0), (head or b"0").decode()],
+            args=[node, int(ttl * 1000), self.tokens.get(kernel_id, 0), str(head)],
         )
         value = value.decode() if isinstance(value, bytes) else value
         self.saw(kernel_id, value)

@@ -29,7 +29,9 @@ a writer task has it in Redis. The writer appends each kernel's batch through on
 that first checks the caller's lease value, so a node that lost its lease (paused, cut
 off) cannot append once another holds it (a fencing token: DESIGN, "Scaling past one
 machine"); records already in Redis (a retried call that had landed) are skipped, so
-redis-py's retries cannot duplicate an entry. With each batch ``reserved`` becomes the
+redis-py's retries cannot duplicate an entry; a record at or below the head that is not
+the one Redis holds at its seq is refused (FORKED): this node numbered it, another wrote
+that number, and it must never be confirmed as written. With each batch ``reserved`` becomes the
 head plus ``reserve_ahead``: a node taking over numbers on above it, after a gap record,
 so no number a client may have seen is given twice (DESIGN invariant 1). The script also
 refuses a batch when the kernel's head in Redis is below the head this node last wrote
@@ -75,6 +77,7 @@ __all__ = [
     "NO_LEASE",
     "AppendLease",
     "Fenced",
+    "Forked",
     "RedisKeys",
     "RedisTranscriptStore",
     "StoreLost",
@@ -87,7 +90,9 @@ _FAR = 1 << 62
 #: KEYS: log, marks, meta, lease. ARGV: lease value, maxlen, reserve_ahead, the head the
 #: writer last wrote (0: none), then per record seq, r, p, pi, pt, mark ("1" or "0").
 #: Returns the head. Refused with LOST when the head is below the writer's (Redis forgot
-#: records), with FENCED when the lease is not the writer's.
+#: records), with FENCED when the lease is not the writer's, and with FORKED when a record
+#: at or below the head is not the one Redis holds at its seq (another node numbered it:
+#: only a retried append that had landed may be skipped, never another writer's numbers).
 _APPEND = """
 local head = tonumber(redis.call('HGET', KEYS[3], 'head') or '0')
 if head < tonumber(ARGV[4]) then
@@ -99,9 +104,28 @@ if holder ~= ARGV[1] then
 end
 local maxlen = tonumber(ARGV[2])
 local i = 5
+local first = nil
 while i + 5 <= #ARGV do
   local seq = tonumber(ARGV[i])
-  if seq > head then
+  if seq <= head then
+    local found = redis.call('XRANGE', KEYS[1], ARGV[i] .. '-0', ARGV[i] .. '-0')
+    if #found == 1 then
+      local fields = found[1][2]
+      if fields[1] ~= 'r' or fields[2] ~= ARGV[i + 1] then
+        return redis.error_reply('FORKED ' .. ARGV[i])
+      end
+    else
+      if first == nil then
+        local oldest = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+        first = 0
+        if #oldest == 1 then first = tonumber(string.match(oldest[1][1], '^(%d+)')) end
+      end
+      -- Not trimmed away (older than the oldest entry): inside another writer's gap.
+      if seq >= first then
+        return redis.error_reply('FORKED ' .. ARGV[i])
+      end
+    end
+  else
     local id = ARGV[i] .. '-0'
     local fields = {'r', ARGV[i + 1]}
     if ARGV[i + 2] ~= '' then
@@ -132,6 +156,13 @@ return head
 class Fenced(Exception):
     """An append was refused: the kernel's lease is not the value it came with (another
     node holds it, or this node took it again with a new value meanwhile)."""
+
+
+class Forked(Fenced):
+    """An append was refused: a record at or below the kernel's head in Redis is not the
+    record Redis holds at its seq. Another node numbered the kernel on meanwhile (this
+    node's numbers are stale), so this node's records must never reach a client: the
+    same as fenced, for good (a lease taken again does not make them true)."""
 
 
 class StoreLost(Exception):
@@ -494,6 +525,8 @@ class RedisTranscriptStore(TranscriptStore):
             try:
                 try:
                     await self.append_now(kernel_id, records, value)
+                except Forked:
+                    raise
                 except Fenced:
                     # This node took the lease again meanwhile (a new value), or the lease
                     # ran out (too busy to renew it in time) and nobody took it or wrote
@@ -513,11 +546,11 @@ class RedisTranscriptStore(TranscriptStore):
                     extra={"kernel_id": kernel_id},
                 )  # fmt: skip
                 lease.fence(kernel_id)
-            except Fenced:
+            except Fenced as error:
                 self.log.error(
-                    "Kernel %s: another node holds its lease now; %d records from seq %d "
-                    "were not written by this node",
+                    "Kernel %s: %s; %d records from seq %d were not written by this node",
                     kernel_id,
+                    error if isinstance(error, Forked) else "another node holds its lease now",
                     len(records),
                     records[0].seq,
                     extra={"kernel_id": kernel_id},
@@ -559,6 +592,10 @@ class RedisTranscriptStore(TranscriptStore):
                 raise StoreLost(kernel_id, int(text.split()[1]), known) from error
             if text.startswith("FENCED"):
                 raise Fenced(text) from error
+            if text.startswith("FORKED"):
+                raise Forked(
+                    f"kernel {kernel_id}: Redis holds another record at seq {text.split()[1]}"
+                ) from error
             raise
         head = int(head)
         self.confirmed[kernel_id] = max(head, self.confirmed.get(kernel_id, 0))

@@ -22,7 +22,7 @@ from kernel_gateway_stream.core.errors import StoreUnavailable
 from kernel_gateway_stream.core.health import State
 from kernel_gateway_stream.core.marks import GAP_MSG_TYPE, lifecycle_status
 from kernel_gateway_stream.core.messages import Record
-from kernel_gateway_stream.stores.redis import Fenced, RedisTranscriptStore, StoreLost
+from kernel_gateway_stream.stores.redis import Fenced, Forked, RedisTranscriptStore, StoreLost
 
 from ..timing import seconds
 from .redis_server import RedisServer, require_redis_server
@@ -133,6 +133,64 @@ async def test_a_retried_append_is_written_once(
     assert await store.append_now(kernel_id, records, lease) == 5
     page = await store.read(kernel_id, 0, 100)
     assert texts(page.records) == [f"{seq}\n" for seq in range(1, 6)]
+
+
+async def test_a_paused_owner_cannot_take_back_a_kernel_another_node_numbered_on(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    """A wrote 1-5 and was paused; B took the kernel over and wrote 6-20, then B's lease
+    ran out (B slow to renew). A, resumed, with 6-8 numbered before its pause: it must
+    not take the lease back as if only it had been slow (the head is not the one it
+    wrote), and its 6-8 are never confirmed as written, even under a lease of its own
+    (they would reach its clients as seqs that hold B's lines: a fork)."""
+    kernel_id = await owned(leases, "a")
+    value_a = leases.value(kernel_id)
+    assert (
+        await store.append_now(
+            kernel_id, [stream_record(kernel_id, s, f"a{s}\n") for s in range(1, 6)], value_a
+        )
+        == 5
+    )
+    await store.redis.delete(store.keys.of(kernel_id, "lease"))
+    node_b = RedisTranscriptStore(url=store.url, key_prefix=store.key_prefix)
+    node_b.open()
+    try:
+        lease_b = await LeaseMap(node_b, "b", 30, logging.getLogger(__name__)).acquire(
+            kernel_id, "b", 30
+        )
+        assert lease_b is not None
+        b_records = [stream_record(kernel_id, s, f"b{s}\n") for s in range(6, 21)]
+        assert await node_b.append_now(kernel_id, b_records, lease_b) == 20
+    finally:
+        node_b.close()
+    await store.redis.delete(store.keys.of(kernel_id, "lease"))  # B's ran out
+    assert not await leases.reacquire(kernel_id, value_a)
+    assert await store.redis.get(store.keys.of(kernel_id, "lease")) is None
+    # However A came to hold a lease again, its stale numbers are refused, not skipped.
+    value_a2 = await leases.acquire(kernel_id, "a", 30)
+    assert value_a2 is not None
+    stale = [stream_record(kernel_id, s, f"a{s}\n") for s in range(6, 9)]
+    with pytest.raises(Forked):
+        await store.append_now(kernel_id, stale, value_a2)
+    # The writer: not told written, fenced for good, nothing of A's in the transcript.
+    leases.hold(kernel_id, value_a2)
+    fenced: list[str] = []
+    leases.on_fenced.append(fenced.append)
+    told: list[int] = []
+    store.written = lambda kernel, records: told.extend(r.seq for r in records)
+    for record in stale:
+        store.append(record)
+    await wait_for(lambda: fenced == [kernel_id])
+    assert told == []
+    page = await store.read(kernel_id, 0, 100)
+    assert texts(page.records) == [f"a{s}\n" for s in range(1, 6)] + [
+        f"b{s}\n" for s in range(6, 21)
+    ]
+    # A record inside another writer's gap is refused the same way.
+    gap = await leases.take_over(kernel_id, value_a2, "owner_lost")
+    assert gap is not None
+    with pytest.raises(Forked):
+        await store.append_now(kernel_id, [stream_record(kernel_id, gap.seq - 1, "x\n")], value_a2)
 
 
 async def test_a_takeover_numbers_on_above_the_reservation_after_a_gap(
