@@ -155,6 +155,9 @@ class ExecutionEventsHandler(_ExecutionStream):
                 self.write(frame.encode(Protocol.EXECUTION)[0])
             await self.flush()
             since = page.records[-1].seq
+        # Read again now that the kernel is gone: the summary passed in may be from before
+        # it went (this request waited for a summary slot while it was shut down).
+        summary = await self.executions.summary(kernel_id, msg_id) or summary
         self.finish(self.done_event(summary, summary.last_seq))
 
 

@@ -154,3 +154,43 @@ async def test_simultaneous_first_requests_all_succeed_and_leak_nothing(
         await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     await asyncio.sleep(1)
     assert open_descriptors() - before < 20
+
+
+async def test_an_events_stream_opened_as_its_kernel_goes_ends_with_the_final_status(
+    start_kernel: Any, api: Any, jp_fetch: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events of an execution asked for while its kernel is running, answered once the
+    kernel is gone (the request waited for a summary slot meanwhile: a busy gateway): the
+    ``done`` event says how the execution ended, not ``running`` as the summary read
+    before the kernel went said (a fresh-clone run saw that)."""
+    from kernel_gateway_stream.executions import ExecutionManager
+
+    kernel_id = await start_kernel()
+    k = f"/api/kernels/{kernel_id}"
+    _, running = await api(f"{k}/execute", "POST", {"code": CELLS["interruptible"]})
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(60)
+    while (await api(f"{k}/executions/{running['msg_id']}"))[1]["stdout"] != "started\n":
+        assert loop.time() < deadline
+        await asyncio.sleep(0.1)
+    real = ExecutionManager.summary
+    read = asyncio.Event()
+    deleted = asyncio.Event()
+
+    async def slow_first(self: ExecutionManager, kernel: str, msg_id: str) -> Any:
+        summary = await real(self, kernel, msg_id)
+        if not read.is_set():
+            read.set()
+            await deleted.wait()
+        return summary
+
+    monkeypatch.setattr(ExecutionManager, "summary", slow_first)
+    watching = asyncio.ensure_future(api(f"{k}/executions/{running['msg_id']}/events"))
+    await asyncio.wait_for(read.wait(), seconds(30))
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
+    deleted.set()
+    code, body = await asyncio.wait_for(watching, seconds(60))
+    assert code == 200
+    done = events_of(body)[-1]
+    assert done[0] == "done"
+    assert (done[1]["status"], done[1]["reason"]) == ("interrupted", "shutdown")
