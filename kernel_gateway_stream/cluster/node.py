@@ -121,11 +121,12 @@ class ClusterNode(LoggingConfigurable):
         "followed, expired leases taken over, kernels gone let go. At most lease_ttl / 3.",
     )
     stall_after = Float(
-        2.0,
+        1.0,
         config=True,
         help="Seconds a pass over the kernel directory may wait on Redis before health says "
         "the cluster is degraded (directory_stalled): a paused Redis, or one the network cut "
-        "off, fails no request until the socket times out.",
+        "off, fails no request until the socket times out. A pass takes milliseconds; health "
+        "may say ok for up to sync_interval + stall_after after Redis stops answering.",
     )
     advertise_url = Unicode(
         "",
