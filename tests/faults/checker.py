@@ -8,7 +8,8 @@ ever, and a seq means one message":
   nothing at all (no record and no gap);
 * **reused seqs**: a seq that reached clients as two different messages (two claims on one
   seq conflict when they cover the same seqs with other content, are of other types, or
-  are stream text with no line in common);
+  are stream text with no line in common, unless both are what the transcript holds: one
+  history merged differently);
 * **silent loss**: a line the kernel printed that a history (a client's, or the
   transcript) lacks, with no gap record of that history between the lines around it;
 * **understated gaps**: gap records that say fewer were lost than the lines missing where
@@ -296,7 +297,19 @@ def _conflict(one: Delivery, other: Delivery) -> bool:
     return bool(mine and theirs and not mine & theirs)
 
 
-def _check_reuse(clients: Sequence[History], timeline: _Timeline, report: Report) -> None:
+def _check_reuse(
+    clients: Sequence[History],
+    records: dict[int, Delivery],
+    timeline: _Timeline,
+    report: Report,
+) -> None:
+    """Two claims on one seq that cannot both be true. Two frames that are both what the
+    transcript holds over their seqs are one history merged differently (they may share
+    a record that holds no whole line, a newline the kernel sent alone)."""
+
+    def durable(event: Delivery) -> bool:
+        return _payload_of(records, event.first_seq, event.seq) == event.payload
+
     claims: dict[int, list[Delivery]] = {}
     for client in clients:
         for event in client.events:
@@ -310,7 +323,7 @@ def _check_reuse(clients: Sequence[History], timeline: _Timeline, report: Report
             (one, other)
             for index, one in enumerate(known)
             for other in known[index + 1 :]
-            if _conflict(one, other)
+            if _conflict(one, other) and not (durable(one) and durable(other))
         ]
         if pairs:
             one, other = pairs[0]
@@ -454,7 +467,7 @@ def check(
                 )
     gap_seqs = sorted((e.first_seq, e.last_seq) for e in transcript.events if isinstance(e, Gap))
     _check_forks(clients, records, gap_seqs, timeline, report)
-    _check_reuse(clients, timeline, report)
+    _check_reuse(clients, records, timeline, report)
     expected: dict[int, float] = {}
     for burst in bursts:
         for line in range(burst.first_line, burst.end_line):

@@ -94,6 +94,25 @@ def test_a_reused_seq_is_found() -> None:
     assert report.total.reused_seqs == 0
 
 
+def test_merges_that_meet_on_a_record_without_a_whole_line_are_no_reuse() -> None:
+    """The kernel sent a line's newline as a message of its own (seq 5: "\n"): one client
+    got it at the end of a merged frame, another at the start of the next. Both frames are
+    what the transcript holds, so no two claims on seq 5 differ (a fault run counted it as
+    a reused seq: the two frames have no line in common)."""
+    events = [line(seq, seq - 1) for seq in range(1, 5)]
+    events += [Delivery(5, 5, "stream", RUN, "\n"), *(line(s, s - 2) for s in range(6, 11))]
+    transcript = History("transcript", (*events, idle(11)))
+    texts = [e.payload for e in events]
+    a = History("a", (Delivery(1, 5, "stream", RUN, "".join(texts[:5])), *events[5:], idle(11)))
+    b = History("b", (*events[:4], Delivery(5, 10, "stream", RUN, "".join(texts[4:])), idle(11)))
+    report = check([a, b], transcript, [Burst(RUN, 0, 9, 0.0, 9.0)])
+    assert report.total.broken() == {}, report.examples
+    # The same two frames with the transcript lost (Redis forgot it) cannot be told apart
+    # from a reuse: counted.
+    lost = History("transcript", ())
+    assert check([a, b], lost, []).total.reused_seqs == 1
+
+
 def test_a_silent_loss_is_found() -> None:
     transcript = clean_transcript()
     # The client skipped seqs 6 and 7 (lines 5, 6) with no gap.
