@@ -189,6 +189,7 @@ class LeaseMap:
             self.lost.pop(kernel_id, None)
             self.renewed_at.pop(kernel_id, None)
             self.store.confirmed.pop(kernel_id, None)
+            self.store.forget_ends(kernel_id)
 
     def saw(self, kernel_id: str, value: str | None) -> None:
         """``value`` was ``kernel_id``'s lease: its token is a floor for the next one."""
@@ -367,19 +368,34 @@ class LeaseMap:
         await self.store.append_now(kernel_id, [gap], lease, known=0)
         return gap
 
-    async def cover_loss(self, kernel_id: str, lease: str, known: int) -> Record | None:
+    async def cover_loss(self, kernel_id: str, lease: str, known: int) -> list[Record]:
         """Redis lost records of a kernel this node records (it wrote them up to seq
-        ``known``): one gap record (reason ``store_lost``) for what Redis no longer has,
-        at ``known``, so that the next append numbers on after it. Returns the gap
-        record, written, or None if Redis has everything up to ``known``."""
+        ``known``): the execution ends this node keeps of them written back at their seqs
+        (:meth:`..stores.redis.RedisTranscriptStore.ends_since`), and gap records (reason
+        ``store_lost``) for the rest of what Redis no longer has, up to ``known``, so that
+        the next append numbers on after it. Returns the gap records written, in seq
+        order: none if Redis has everything up to ``known``."""
         head = await self.store.redis.hget(self.store.keys.of(kernel_id, "meta"), "head")
         head = int(head or 0)
         if head >= known:
-            return None
+            return []
         now = time.time()
-        gap = gap_record(kernel_id, head + 1, known, "store_lost", now=now, date=iso_date(now))
-        await self.store.append_now(kernel_id, [gap], lease, known=0)
-        return gap
+        date = iso_date(now)
+        written: list[Record] = []
+        gaps: list[Record] = []
+        after = head
+        for record in [*self.store.ends_since(kernel_id, head, known), None]:
+            first = known + 1 if record is None else record.first_seq
+            if first > after + 1:
+                gaps.append(
+                    gap_record(kernel_id, after + 1, first - 1, "store_lost", now=now, date=date)
+                )
+                written.append(gaps[-1])
+            if record is not None:
+                written.append(record)
+                after = record.seq
+        await self.store.append_now(kernel_id, written, lease, known=0)
+        return gaps
 
 
 _SCRIPTS = {

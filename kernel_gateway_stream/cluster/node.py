@@ -464,15 +464,15 @@ class ClusterNode(LoggingConfigurable):
             self._lost(kernel_id, "another node took its lease after Redis lost it")
             return
         self.leases.hold(kernel_id, value)
-        gap = await self.leases.cover_loss(kernel_id, value, known)
-        if gap is not None:
+        gaps = await self.leases.cover_loss(kernel_id, value, known)
+        if gaps:
             self._store_lost(f"it no longer had records this node wrote (kernel {kernel_id})")
         await self._put_link(kernel_id)
         self.leases.lost.pop(kernel_id, None)
         self.log.warning(
             "Kernel %s: wrote back its lease and directory entry%s", kernel_id,
-            f" and a gap record for seqs {gap.first_seq}-{gap.seq}, which Redis lost"
-            if gap is not None else "",
+            f", the execution ends it kept and {len(gaps)} gap records for seqs "
+            f"{gaps[0].first_seq}-{gaps[-1].seq}, which Redis lost" if gaps else "",
             extra={"kernel_id": kernel_id},
         )  # fmt: skip
 

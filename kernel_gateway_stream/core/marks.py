@@ -53,6 +53,7 @@ __all__ = [
     "SPOOL_MSG_TYPE",
     "gap_message",
     "gap_record",
+    "is_end",
     "is_mark",
     "is_terminal",
     "lifecycle_request",
@@ -189,6 +190,14 @@ def backlog_gap(kernel_id: str, first: int, last: int, now: float) -> Record:
 def is_mark(message: KernelMessage) -> bool:
     """True for a lifecycle status or request, or a gap record: what passes every filter."""
     return message.execution_state in LIFECYCLE_STATES or message.msg_type in _MARK_TYPES
+
+
+def is_end(message: KernelMessage) -> bool:
+    """True for what tells that an execution ended, and how: an ``idle`` status, an
+    ``execute_reply``, and the gateway's marks (lifecycle statuses, gaps)."""
+    return (
+        message.execution_state == "idle" or message.msg_type == "execute_reply" or is_mark(message)
+    )
 
 
 def is_terminal(message: KernelMessage) -> bool:

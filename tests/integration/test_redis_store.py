@@ -8,6 +8,7 @@ last owner may have given out, after an explicit gap record.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
@@ -21,7 +22,8 @@ from kernel_gateway_stream.cluster.leases import LeaseMap
 from kernel_gateway_stream.core.errors import StoreUnavailable
 from kernel_gateway_stream.core.health import State
 from kernel_gateway_stream.core.marks import GAP_MSG_TYPE, lifecycle_status
-from kernel_gateway_stream.core.messages import Record
+from kernel_gateway_stream.core.messages import KernelMessage, Record
+from kernel_gateway_stream.stores.pending import cost
 from kernel_gateway_stream.stores.redis import Fenced, Forked, RedisTranscriptStore, StoreLost
 
 from ..timing import seconds
@@ -267,14 +269,68 @@ async def test_an_append_after_redis_forgot_waits_for_a_gap_over_what_it_lost(
     assert value != before
     leases.hold(kernel_id, value)
     assert await leases.reacquire(kernel_id, before)  # its own new value, not another's
-    gap = await leases.cover_loss(kernel_id, value, 5)
-    assert gap is not None
-    assert (gap.first_seq, gap.seq) == (1, 5)
+    gaps = await leases.cover_loss(kernel_id, value, 5)
+    assert [(gap.first_seq, gap.seq) for gap in gaps] == [(1, 5)]
     assert await store.flush(10)
     page = await store.read(kernel_id, 0, 100)
     assert [(r.first_seq, r.seq) for r in page.records] == [(1, 5), (6, 6)]
     assert page.records[0].message.content()["reason"] == "store_lost"
     assert texts(page.records)[1] == "6\n"
+
+
+def status_record(kernel_id: str, seq: int, state: str, parent: str) -> Record:
+    header = {"msg_id": f"s{seq}", "msg_type": "status", "session": "s", "date": ""}
+    parts = [
+        json.dumps(header).encode(),
+        json.dumps({"msg_id": parent, "msg_type": "execute_request"}).encode(),
+        b"{}",
+        json.dumps({"execution_state": state}).encode(),
+    ]
+    return Record(kernel_id, seq, time.time(), KernelMessage.from_parts(parts))
+
+
+async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forgets(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    """Two executions (busy, output, idle) written, then Redis forgets the kernel: the node
+    writes back the idle statuses it keeps at their seqs, with store_lost gaps around
+    them, so both executions still end in the transcript; the ends kept are bounded in
+    bytes, the newest kept."""
+    kernel_id = await owned(leases)
+    value = leases.value(kernel_id)
+    records = []
+    for run, first in (("run-1", 1), ("run-2", 5)):
+        records.append(status_record(kernel_id, first, "busy", run))
+        records += [stream_record(kernel_id, first + i, f"{run} {i}\n") for i in (1, 2)]
+        records.append(status_record(kernel_id, first + 3, "idle", run))
+    records.append(stream_record(kernel_id, 9, "after\n"))
+    for record in records:
+        store.append(record)
+    assert await store.flush(10)
+    await forget_kernel(store, kernel_id)
+    value = await leases.acquire(kernel_id, "a", 30)
+    assert value is not None
+    leases.hold(kernel_id, value)
+    gaps = await leases.cover_loss(kernel_id, value, 9)
+    assert [(gap.first_seq, gap.seq) for gap in gaps] == [(1, 3), (5, 7), (9, 9)]
+    page = await store.read(kernel_id, 0, 100)
+    got = [(r.first_seq, r.seq, r.message.msg_type) for r in page.records]
+    assert got == [
+        (1, 3, GAP_MSG_TYPE), (4, 4, "status"), (5, 7, GAP_MSG_TYPE), (8, 8, "status"),
+        (9, 9, GAP_MSG_TYPE),
+    ]  # fmt: skip
+    assert [r.message.parent_msg_id for r in page.records if r.message.msg_type == "status"] == [
+        "run-1",
+        "run-2",
+    ]
+    assert {r.message.content()["reason"] for r in page.records if r.span > 1 or r.seq == 9} == {
+        "store_lost"
+    }
+    # Bounded: room for one status only, the newest.
+    store.keep_ends_bytes = cost(records[-2]) + 1
+    store.append(status_record(kernel_id, 10, "idle", "run-3"))
+    assert await store.flush(10)
+    assert [r.seq for r in store.ends_since(kernel_id, 0, 100)] == [10]
 
 
 async def wait_for(predicate: Any, timeout: float = 10) -> None:
