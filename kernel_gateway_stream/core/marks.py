@@ -193,11 +193,13 @@ def is_mark(message: KernelMessage) -> bool:
 
 
 def is_end(message: KernelMessage) -> bool:
-    """True for what tells that an execution ended, and how: an ``idle`` status, an
-    ``execute_reply``, and the gateway's marks (lifecycle statuses, gaps)."""
-    return (
-        message.execution_state == "idle" or message.msg_type == "execute_reply" or is_mark(message)
-    )
+    """True for what an execution's summary needs to tell that it ended, and how: its
+    ``execute_input`` (it ran), ``error`` (it failed) and ``idle`` status (it ended), and
+    the gateway's marks (lifecycle statuses, gaps)."""
+    return message.execution_state == "idle" or message.msg_type in _END_TYPES or is_mark(message)
+
+
+_END_TYPES = frozenset({"execute_input", "error"})
 
 
 def is_terminal(message: KernelMessage) -> bool:

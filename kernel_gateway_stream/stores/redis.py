@@ -379,11 +379,11 @@ class RedisTranscriptStore(TranscriptStore):
     keep_ends_bytes = Int(
         1024 * 1024,
         config=True,
-        help="Per kernel this node records, most bytes of the execution ends it wrote (idle "
-        "statuses, execute replies, the gateway's marks) kept in memory, the newest first, "
+        help="Per kernel this node records, most bytes of the execution ends it wrote "
+        "(execute_input, error, idle status, the gateway's marks) kept in memory, the newest, "
         "to write back at their seqs when Redis loses its data (restarted empty, or failed "
-        "over without them): the executions they end still end in the transcript, inside "
-        "store_lost gaps. 0 keeps none. About 700 bytes an execution.",
+        "over without them): the executions they end still end in the transcript, with how, "
+        "inside store_lost gaps. 0 keeps none. About 1,500 bytes an execution.",
     )
 
     def __init__(self, **kwargs: Any) -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from kernel_gateway_stream.cluster.leases import LeaseMap
 from kernel_gateway_stream.core.errors import StoreUnavailable
+from kernel_gateway_stream.core.executions import SummaryBuilder
 from kernel_gateway_stream.core.health import State
 from kernel_gateway_stream.core.marks import GAP_MSG_TYPE, lifecycle_status
 from kernel_gateway_stream.core.messages import KernelMessage, Record
@@ -278,13 +279,14 @@ async def test_an_append_after_redis_forgot_waits_for_a_gap_over_what_it_lost(
     assert texts(page.records)[1] == "6\n"
 
 
-def status_record(kernel_id: str, seq: int, state: str, parent: str) -> Record:
-    header = {"msg_id": f"s{seq}", "msg_type": "status", "session": "s", "date": ""}
+def reply_record(kernel_id: str, seq: int, msg_type: str, content: dict, parent: str) -> Record:
+    """An IOPub message of ``msg_type`` replying to the execute request ``parent``."""
+    header = {"msg_id": f"m{seq}", "msg_type": msg_type, "session": "s", "date": ""}
     parts = [
         json.dumps(header).encode(),
         json.dumps({"msg_id": parent, "msg_type": "execute_request"}).encode(),
         b"{}",
-        json.dumps({"execution_state": state}).encode(),
+        json.dumps(content).encode(),
     ]
     return Record(kernel_id, seq, time.time(), KernelMessage.from_parts(parts))
 
@@ -292,17 +294,21 @@ def status_record(kernel_id: str, seq: int, state: str, parent: str) -> Record:
 async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forgets(
     store: RedisTranscriptStore, leases: LeaseMap
 ) -> None:
-    """Two executions (busy, output, idle) written, then Redis forgets the kernel: the node
-    writes back the idle statuses it keeps at their seqs, with store_lost gaps around
-    them, so both executions still end in the transcript; the ends kept are bounded in
-    bytes, the newest kept."""
+    """Two executions (busy, execute_input, output, idle; the second fails) written, then
+    Redis forgets the kernel: the node writes back what says how each ended (input, error,
+    idle) at their seqs, with store_lost gaps for the rest, so both still end in the
+    transcript with their status; the ends kept are bounded in bytes, the newest kept."""
     kernel_id = await owned(leases)
-    value = leases.value(kernel_id)
     records = []
-    for run, first in (("run-1", 1), ("run-2", 5)):
-        records.append(status_record(kernel_id, first, "busy", run))
-        records += [stream_record(kernel_id, first + i, f"{run} {i}\n") for i in (1, 2)]
-        records.append(status_record(kernel_id, first + 3, "idle", run))
+    error = {"ename": "ValueError", "evalue": "x", "traceback": []}
+    for run, first, last in (("run-1", 1, ("stream", {"name": "stdout", "text": "1\n"})),
+                             ("run-2", 5, ("error", error))):  # fmt: skip
+        records.append(reply_record(kernel_id, first, "status", {"execution_state": "busy"}, run))
+        records.append(reply_record(kernel_id, first + 1, "execute_input", {"code": "x"}, run))
+        records.append(reply_record(kernel_id, first + 2, *last, run))
+        records.append(
+            reply_record(kernel_id, first + 3, "status", {"execution_state": "idle"}, run)
+        )
     records.append(stream_record(kernel_id, 9, "after\n"))
     for record in records:
         store.append(record)
@@ -312,23 +318,32 @@ async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forge
     assert value is not None
     leases.hold(kernel_id, value)
     gaps = await leases.cover_loss(kernel_id, value, 9)
-    assert [(gap.first_seq, gap.seq) for gap in gaps] == [(1, 3), (5, 7), (9, 9)]
+    assert [(gap.first_seq, gap.seq) for gap in gaps] == [(1, 1), (3, 3), (5, 5), (9, 9)]
     page = await store.read(kernel_id, 0, 100)
     got = [(r.first_seq, r.seq, r.message.msg_type) for r in page.records]
     assert got == [
-        (1, 3, GAP_MSG_TYPE), (4, 4, "status"), (5, 7, GAP_MSG_TYPE), (8, 8, "status"),
+        (1, 1, GAP_MSG_TYPE), (2, 2, "execute_input"), (3, 3, GAP_MSG_TYPE), (4, 4, "status"),
+        (5, 5, GAP_MSG_TYPE), (6, 6, "execute_input"), (7, 7, "error"), (8, 8, "status"),
         (9, 9, GAP_MSG_TYPE),
     ]  # fmt: skip
-    assert [r.message.parent_msg_id for r in page.records if r.message.msg_type == "status"] == [
-        "run-1",
-        "run-2",
-    ]
-    assert {r.message.content()["reason"] for r in page.records if r.span > 1 or r.seq == 9} == {
-        "store_lost"
-    }
-    # Bounded: room for one status only, the newest.
+    for record in page.records:
+        if record.message.msg_type == GAP_MSG_TYPE:
+            assert record.message.content()["reason"] == "store_lost"
+        else:
+            assert record.message.raw_content == records[record.seq - 1].message.raw_content
+    statuses = []
+    for run in ("run-1", "run-2"):
+        builder = SummaryBuilder(run)
+        builder.feed([r for r in page.records if r.message.parent_msg_id == run])
+        builder.feed_marks(page.records)
+        summary = builder.result()
+        assert summary is not None
+        statuses.append((summary.status, summary.gaps != []))
+    # run-1 lost its output (a gap inside it), run-2 only its busy status (before it).
+    assert statuses == [("ok", True), ("error", False)]
+    # Bounded: room for one record only, the newest.
     store.keep_ends_bytes = cost(records[-2]) + 1
-    store.append(status_record(kernel_id, 10, "idle", "run-3"))
+    store.append(reply_record(kernel_id, 10, "status", {"execution_state": "idle"}, "run-3"))
     assert await store.flush(10)
     assert [r.seq for r in store.ends_since(kernel_id, 0, 100)] == [10]
 
