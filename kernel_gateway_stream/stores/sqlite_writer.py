@@ -51,6 +51,9 @@ ROW_OVERHEAD = 48
 #: 0.1 s per 8 MiB here), and meanwhile the backlog of a flooding kernel grows. What is
 #: left is discarded in the next steps, with batches written between them.
 RETENTION_STEP_BYTES = 8 * 1024 * 1024
+#: Records in a write tried while writes fail (then whole batches again once one lands).
+PROBE_RECORDS = 100
+
 #: Upper bounds of the batch-latency histogram's buckets, in seconds (the last is +Inf).
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, float("inf"))
 #: Parent headers each writer remembers per kernel (then a parent is stored again).
@@ -233,7 +236,10 @@ class TranscriptWriter(threading.Thread):
 
     def _write_once(self) -> bool:
         """Write one batch; False if the disk refused it (it will be retried)."""
-        batch = self.pending.take(self.settings.batch_max_records)
+        # While writes fail (a full disk), a retry is a probe of a few records: a whole
+        # batch, encoded and refused again and again, costs its size in memory and CPU.
+        failing = self.state.write_error is not None
+        batch = self.pending.take(PROBE_RECORDS if failing else self.settings.batch_max_records)
         with self._controls_lock:
             controls, self.controls = self.controls, []
         started = time.monotonic()
