@@ -107,6 +107,7 @@ class RecordBus:
         if kernel_id not in self.followed:
             return
         follower = self.follower_of(kernel_id)
+        records = []
         for entry, fields in entries:
             self.followed[kernel_id] = seq_of(entry)
             if follower is None:
@@ -117,7 +118,10 @@ class RecordBus:
                 self.log.warning("Kernel %s: entry %s is not a record", kernel_id, entry)
                 continue
             follower.deliver(record)
+            records.append(record)
             self.delivered += 1
+        # Should this node take the kernel over, it can write them back if Redis loses them.
+        self.store.keep_ends(kernel_id, records)
 
     async def close(self) -> None:
         """Close the bus's connection (after :meth:`run` was cancelled)."""

@@ -587,7 +587,9 @@ class ClusterNode(LoggingConfigurable):
             entries = await self.store.redis.xrange(key, entry_id(tap.head + 1), "+", count=1000)
             for entry, fields in entries:
                 with contextlib.suppress(MalformedMessage):
-                    tap.deliver(record_of_entry(tap.kernel_id, fields))
+                    record = record_of_entry(tap.kernel_id, fields)
+                    tap.deliver(record)
+                    self.store.keep_ends(tap.kernel_id, [record])
                 tap.sequencer.head = max(tap.sequencer.head, seq_of(entry))
             if len(entries) < 1000:
                 return
@@ -607,6 +609,7 @@ class ClusterNode(LoggingConfigurable):
                 await self.kernel_manager.shutdown_kernel(kernel_id)
         self.taps.close_tap(kernel_id)
         self._known_links.pop(kernel_id, None)
+        self.store.forget_ends(kernel_id)
 
     def _lost(self, kernel_id: str, why: str) -> None:
         """This node no longer holds the kernel's lease, or can no longer count on it: it

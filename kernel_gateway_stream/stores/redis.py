@@ -513,7 +513,10 @@ class RedisTranscriptStore(TranscriptStore):
         """The last seq this node numbered for ``kernel_id`` and forsook (0: none)."""
         return self.forsaken.get(kernel_id, 0)
 
-    def _keep_ends(self, kernel_id: str, records: list[Record]) -> None:
+    def keep_ends(self, kernel_id: str, records: list[Record]) -> None:
+        """Keep the execution ends among ``records`` (in seq order, after every one kept):
+        written by this node, or by the kernel's owner and read off the record bus (a
+        follower that takes the kernel over keeps what its last owner wrote)."""
         if self.keep_ends_bytes <= 0:
             return
         ends = [record for record in records if is_end(record.message)]
@@ -522,6 +525,8 @@ class RedisTranscriptStore(TranscriptStore):
         kept = self._ends.setdefault(kernel_id, deque())
         size = self._ends_bytes.get(kernel_id, 0)
         for record in ends:
+            if kept and record.first_seq <= kept[-1].seq:
+                continue  # had already (a catch-up overlapping the bus)
             kept.append(record)
             size += cost(record)
         while size > self.keep_ends_bytes and kept:
@@ -529,7 +534,7 @@ class RedisTranscriptStore(TranscriptStore):
         self._ends_bytes[kernel_id] = size
 
     def ends_since(self, kernel_id: str, after: int, until: int) -> list[Record]:
-        """The execution ends this node wrote of ``kernel_id`` and still keeps, whose seqs are
+        """The execution ends of ``kernel_id`` this node still keeps, whose seqs are
         after ``after`` and at most ``until``, in seq order: what it writes back when Redis
         lost the records up to ``until`` (see :attr:`keep_ends_bytes`)."""
         return [
@@ -577,7 +582,7 @@ class RedisTranscriptStore(TranscriptStore):
                     if not await lease.reacquire(kernel_id, value):
                         raise
                     await self.append_now(kernel_id, records, lease.value(kernel_id))
-                self._keep_ends(kernel_id, records)
+                self.keep_ends(kernel_id, records)
                 self._tell_written(kernel_id, records)
             except StoreLost as error:
                 if lease.store_lost(kernel_id, error.head):

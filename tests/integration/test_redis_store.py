@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from kernel_gateway_stream.cluster.bus import RecordBus
 from kernel_gateway_stream.cluster.leases import LeaseMap
 from kernel_gateway_stream.core.errors import StoreUnavailable
 from kernel_gateway_stream.core.executions import SummaryBuilder
@@ -346,6 +347,47 @@ async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forge
     store.append(reply_record(kernel_id, 10, "status", {"execution_state": "idle"}, "run-3"))
     assert await store.flush(10)
     assert [r.seq for r in store.ends_since(kernel_id, 0, 100)] == [10]
+
+
+async def test_a_follower_keeps_the_ends_it_reads_off_the_bus_for_a_takeover(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    """Node b records the kernel; node a follows it over the record bus and keeps the
+    execution ends it reads, so that a takes the kernel over able to write them back if
+    Redis then loses them (the 50-fault run's executions that never ended were those
+    whose ends only an earlier owner kept)."""
+    kernel_id = str(uuid.uuid4())
+    node_b = RedisTranscriptStore(url=store.url, key_prefix=store.key_prefix)
+    node_b.open()
+    got: list[int] = []
+
+    class Follower:
+        def deliver(self, record: Record) -> None:
+            got.append(record.seq)
+
+    bus = RecordBus(store, 1.0, lambda kernel: Follower(), logging.getLogger(__name__))
+    bus.follow(kernel_id, 0)
+    reading = asyncio.ensure_future(bus.run())
+    try:
+        lease_b = await LeaseMap(node_b, "b", 30, logging.getLogger(__name__)).acquire(
+            kernel_id, "b", 30
+        )
+        assert lease_b is not None
+        records = [
+            reply_record(kernel_id, 1, "status", {"execution_state": "busy"}, "run-1"),
+            reply_record(kernel_id, 2, "execute_input", {"code": "x"}, "run-1"),
+            stream_record(kernel_id, 3, "out\n"),
+            reply_record(kernel_id, 4, "status", {"execution_state": "idle"}, "run-1"),
+        ]
+        assert await node_b.append_now(kernel_id, records, lease_b) == 4
+        await wait_for(lambda: len(got) >= 4)
+        assert got == [1, 2, 3, 4]
+        assert [r.seq for r in store.ends_since(kernel_id, 0, 10)] == [2, 4]
+    finally:
+        reading.cancel()  # as the node stops it: a blocking read may hold on to it
+        await asyncio.wait([reading], timeout=2)
+        await bus.close()
+        node_b.close()
 
 
 async def wait_for(predicate: Any, timeout: float = 10) -> None:
