@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..core.marks import gap_record, iso_date
+from ..core.marks import GAP_MSG_TYPE, gap_record, iso_date
 from ..core.messages import Record
 from ..core.ownership import overdue
 from ..stores.redis import RedisTranscriptStore
@@ -360,12 +360,17 @@ class LeaseMap:
         # and forsook when it lost the kernel before (it may have fanned none of them
         # out, but its writer must never land one of them after this gap).
         last = max(int(reserved or 0), head + 1, self.store.forsaken_head(kernel_id))
+        kept: list[Record] = []
         if head < seen:
+            # Redis lost what this node had seen: the execution ends it kept of that (read
+            # off the record bus) go back at their seqs, between store_lost gaps.
             reason = "store_lost"
-            last = max(last, seen + self.store.reserve_ahead)
+            last = max(last, seen + max(self.store.reserve_ahead, 1))
+            kept = self._kept_and_lost(kernel_id, head, seen, reason)
+            head = seen
         now = time.time()
         gap = gap_record(kernel_id, head + 1, last, reason, now=now, date=iso_date(now))
-        await self.store.append_now(kernel_id, [gap], lease, known=0)
+        await self.store.append_now(kernel_id, [*kept, gap], lease, known=0)
         return gap
 
     async def cover_loss(self, kernel_id: str, lease: str, known: int) -> list[Record]:
@@ -379,23 +384,28 @@ class LeaseMap:
         head = int(head or 0)
         if head >= known:
             return []
+        written = self._kept_and_lost(kernel_id, head, known, "store_lost")
+        await self.store.append_now(kernel_id, written, lease, known=0)
+        return [record for record in written if record.message.msg_type == GAP_MSG_TYPE]
+
+    def _kept_and_lost(self, kernel_id: str, head: int, last: int, reason: str) -> list[Record]:
+        """Seqs ``head + 1`` to ``last``, which Redis does not have: the execution ends this
+        node keeps of them, at their seqs, and gap records (``reason``) for the rest, in
+        seq order."""
         now = time.time()
         date = iso_date(now)
         written: list[Record] = []
-        gaps: list[Record] = []
         after = head
-        for record in [*self.store.ends_since(kernel_id, head, known), None]:
-            first = known + 1 if record is None else record.first_seq
+        for record in [*self.store.ends_since(kernel_id, head, last), None]:
+            first = last + 1 if record is None else record.first_seq
             if first > after + 1:
-                gaps.append(
-                    gap_record(kernel_id, after + 1, first - 1, "store_lost", now=now, date=date)
+                written.append(
+                    gap_record(kernel_id, after + 1, first - 1, reason, now=now, date=date)
                 )
-                written.append(gaps[-1])
             if record is not None:
                 written.append(record)
                 after = record.seq
-        await self.store.append_now(kernel_id, written, lease, known=0)
-        return gaps
+        return written
 
 
 _SCRIPTS = {

@@ -349,7 +349,7 @@ async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forge
     assert [r.seq for r in store.ends_since(kernel_id, 0, 100)] == [10]
 
 
-async def test_a_follower_keeps_the_ends_it_reads_off_the_bus_for_a_takeover(
+async def test_a_follower_keeps_the_ends_it_reads_off_the_bus_and_writes_them_back(
     store: RedisTranscriptStore, leases: LeaseMap
 ) -> None:
     """Node b records the kernel; node a follows it over the record bus and keeps the
@@ -383,6 +383,20 @@ async def test_a_follower_keeps_the_ends_it_reads_off_the_bus_for_a_takeover(
         await wait_for(lambda: len(got) >= 4)
         assert got == [1, 2, 3, 4]
         assert [r.seq for r in store.ends_since(kernel_id, 0, 10)] == [2, 4]
+        # Redis forgets the kernel, and b with it (its lease gone): a, which had seen up to
+        # seq 4, takes it over and writes back the ends it kept before its gap.
+        await forget_kernel(store, kernel_id)
+        lease_a = await leases.acquire(kernel_id, "a", 30)
+        assert lease_a is not None
+        store.reserve_ahead = 10
+        gap = await leases.take_over(kernel_id, lease_a, "owner_lost", seen=4)
+        assert gap is not None
+        assert (gap.first_seq, gap.seq, gap.message.content()["reason"]) == (5, 14, "store_lost")
+        page = await store.read(kernel_id, 0, 100)
+        assert [(r.first_seq, r.seq, r.message.msg_type) for r in page.records] == [
+            (1, 1, GAP_MSG_TYPE), (2, 2, "execute_input"), (3, 3, GAP_MSG_TYPE),
+            (4, 4, "status"), (5, 14, GAP_MSG_TYPE),
+        ]  # fmt: skip
     finally:
         reading.cancel()  # as the node stops it: a blocking read may hold on to it
         await asyncio.wait([reading], timeout=2)
