@@ -276,13 +276,21 @@ class Harness:
         written meanwhile would count as delivered but never durable."""
         node, _ = await self._highest()
         for _ in range(5):
+            read = 0
             since = self.durable[-1]["seq"] if self.durable else 0
-            try:
-                found = await transcript(node, self.kernel_id, since)
-            except Exception:  # none answers: nothing (more) to keep
-                return
-            self.durable += [r for r in found if r["msg_type"] != GAP_MSG_TYPE]
-            if len(found) < 200:
+            while True:  # page by page: a read that fails keeps the pages before it
+                path = f"/api/kernels/{self.kernel_id}/transcript?since={since}&limit=10000"
+                try:
+                    page = await node.fetch(path)
+                except Exception as error:  # none answers: nothing (more) to keep
+                    self.notes.append(f"a snapshot of the transcript stopped short: {error}")
+                    return
+                self.durable += [r for r in page["records"] if r["msg_type"] != GAP_MSG_TYPE]
+                read += len(page["records"])
+                if not page["records"] or page["next_since"] >= page["head"]:
+                    break
+                since = page["next_since"]
+            if read < 200:
                 return
 
     @staticmethod
