@@ -27,8 +27,9 @@ made durable: what committed-only delivery rules out).
 Every finding has a time; :func:`check` attributes it to the last fault begun at or before
 that time (``"none"`` before the first), so the table says what each kind of fault costs:
 a message, when it arrived; lines behind a gap, when the gap was recorded (or reached the
-client); lines lost silently, when the kernel printed them; an execution that never ended,
-when the gap where its end would be was recorded, else when it ended in the kernel.
+client; of several gaps around them, the one that says the most was lost); lines lost
+silently, when the kernel printed them; an execution that never ended, when the gap where
+its end would be was recorded, else when it ended in the kernel.
 """
 
 from __future__ import annotations
@@ -363,8 +364,10 @@ def _check_loss(
         above = got.where[present[index]][0] if index < len(present) else 1 << 62
         covering = [gap for gap in gaps if gap.last_seq > below and gap.first_seq < above]
         # Lines behind a gap were lost by the fault that made the gap (Redis restarted
-        # empty loses what was printed long before); lines lost silently, when printed.
-        moment = min(gap.at for gap in covering) if covering else expected[run[0]]
+        # empty loses what was printed long before): of several, the one that says the
+        # most was lost (a takeover's gap of a few lines does not take the blame for a
+        # Redis that forgot everything around it); lines lost silently, when printed.
+        moment = max(covering, key=lambda gap: gap.stated).at if covering else expected[run[0]]
         kind = timeline.kind_at(moment)
         report.add(kind, "lines_lost" if durable else "lines_missing_on_clients", len(run))
         where = f"{history.name}: lines {run[0]}..{run[-1]} ({len(run)}) between seqs {below}"
@@ -383,8 +386,9 @@ def _check_loss(
 
 
 def _end_moments(transcript: History, bursts: Sequence[Burst], flood: set[str]) -> dict[str, float]:
-    """When each burst's end was lost: the earliest gap of the transcript between its last
-    line and the next burst's first (where its ``idle`` would be), else when it ended."""
+    """When each burst's end was lost: when the gap of the transcript between its last
+    line and the next burst's first (where its ``idle`` would be) that says the most was
+    lost was recorded, else when it ended."""
     got = _flood_lines(transcript, flood)
     present = sorted(got.where)
     gaps = [event for event in transcript.events if isinstance(event, Gap)]
@@ -393,8 +397,10 @@ def _end_moments(transcript: History, bursts: Sequence[Burst], flood: set[str]) 
         index = bisect.bisect_left(present, burst.end_line)
         below = got.where[present[index - 1]][1] if index > 0 else 0
         above = got.where[present[index]][0] if index < len(present) else 1 << 62
-        covering = [gap.at for gap in gaps if gap.last_seq > below and gap.first_seq < above]
-        moments[burst.msg_id] = min(covering, default=burst.ended)
+        covering = [gap for gap in gaps if gap.last_seq > below and gap.first_seq < above]
+        # Of several, the one that says the most was lost (as for lines, above).
+        widest = max(covering, key=lambda gap: gap.stated, default=None)
+        moments[burst.msg_id] = burst.ended if widest is None else widest.at
     return moments
 
 

@@ -195,6 +195,21 @@ def test_lines_behind_a_gap_count_for_the_fault_that_made_the_gap() -> None:
     assert report.by_kind["owner_kill"].lines_lost == 0
 
 
+def test_lines_behind_several_gaps_count_for_the_one_that_says_the_most() -> None:
+    # A takeover's gap of one seq (during owner_pause), then Redis forgot lines 0..7 (its
+    # gaps around an idle it had kept): the missing run is Redis's, not the takeover's.
+    faults = [Fault("owner_pause", "a", 1.0, 2.0), Fault("redis_restart", "redis", 7.0, 8.0)]
+    events: tuple[Event, ...] = (
+        Gap(1, 1, "owner_lost", at=1.5),
+        Gap(2, 8, "store_lost", at=7.5),
+        *(line(s, s - 1) for s in range(9, 11)),
+        idle(11),
+    )
+    report = check([], History("transcript", events), [BURST], faults)
+    assert report.by_kind["redis_restart"].lines_lost == 8
+    assert report.by_kind["owner_pause"].lines_lost == 0
+
+
 def test_an_end_lost_in_a_gap_counts_for_the_fault_that_made_the_gap() -> None:
     faults = [Fault("owner_kill", "a", 1.0, 2.0), Fault("redis_kill", "redis", 17.0, 18.0)]
     # The burst ended at 10 (during owner_kill); its idle is in a gap recorded at 17.5.
