@@ -271,6 +271,7 @@ class ClusterNode(LoggingConfigurable):
             return False
         self.leases.hold(kernel_id, value)
         if not had:
+            await self.store.load_ends(kernel_id)
             gap = await self.leases.take_over(kernel_id, value, "owner_lost")
             self._after_hand_over(kernel_id)
             if gap is not None:
@@ -544,6 +545,7 @@ class ClusterNode(LoggingConfigurable):
                 language=attachment.language,
             )
         await self.taps.ensure(kernel_id)
+        await self.store.load_ends(kernel_id)
 
     async def _take_over(self, tap: KernelRecorder, link: dict[str, Any]) -> None:
         kernel_id = tap.kernel_id

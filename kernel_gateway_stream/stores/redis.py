@@ -6,6 +6,9 @@ Keys, all of one kernel in one hash slot (``{kernel_id}`` is a Redis Cluster has
                          are strictly increasing: a stale writer cannot append out of order)
     <prefix>{K}:marks    stream: the lifecycle statuses and gap records again (execution
                          summaries read them without scanning the log)
+    <prefix>{K}:ends     stream: the execution ends again (execute_input, error, idle
+                         status, marks), the last ENDS_MAXLEN: what a node keeps in memory
+                         to write back if Redis loses the log
     <prefix>{K}:meta     hash: head (last seq written), reserved, started, ended
     <prefix>{K}:lease    string: ``<node>:<token>`` of the node that records the kernel
     <prefix>{K}:fence    counter: the fencing token, one more at every acquisition
@@ -88,8 +91,14 @@ __all__ = [
 
 _FAR = 1 << 62
 
-#: KEYS: log, marks, meta, lease. ARGV: lease value, maxlen, reserve_ahead, the head the
-#: writer last wrote (0: none), then per record seq, r, p, pi, pt, mark ("1" or "0").
+#: Entries kept in a kernel's ends stream (about three per execution): what a node that
+#: joins the kernel starts its kept ends with (:meth:`RedisTranscriptStore.load_ends`).
+ENDS_MAXLEN = 3000
+
+#: KEYS: log, marks, meta, lease, ends. ARGV: lease value, maxlen, reserve_ahead, the head
+#: the writer last wrote (0: none), then per record seq, r, p, pi, pt, and "1" for a mark
+#: (in the marks and the ends streams), "2" for another execution end (the ends stream),
+#: "0" for the rest.
 #: Returns the head. Refused with LOST when the head is below the writer's (Redis forgot
 #: records), with FENCED when the lease is not the writer's, and with FORKED when a record
 #: at or below the head is not the one Redis holds at its seq (another node numbered it:
@@ -139,8 +148,13 @@ while i + 5 <= #ARGV do
     else
       redis.call('XADD', KEYS[1], id, unpack(fields))
     end
+    -- pcall: a copy that has the entry already (written back after Redis lost the log
+    -- but kept this stream) must not fail the append.
     if ARGV[i + 5] == '1' then
-      redis.call('XADD', KEYS[2], 'MAXLEN', '~', 100000, id, unpack(fields))
+      redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', 100000, id, unpack(fields))
+    end
+    if ARGV[i + 5] ~= '0' then
+      redis.pcall('XADD', KEYS[5], 'MAXLEN', '~', ENDS_MAXLEN, id, unpack(fields))
     end
     head = seq
   end
@@ -283,7 +297,7 @@ def _record_args(record: Record) -> list[bytes | str | int]:
     has_parent = message.raw_parent_header not in (b"{}", b"")
     data = encode_record(record, 1 if has_parent else NO_PARENT)
     if not has_parent:
-        return [record.seq, data, b"", b"", b"", b"1" if is_mark(message) else b"0"]
+        return [record.seq, data, b"", b"", b"", _kind(message)]
     parent_type = b""
     if message.parent_msg_type is None:
         with contextlib.suppress(MalformedMessage):
@@ -297,8 +311,15 @@ def _record_args(record: Record) -> list[bytes | str | int]:
         message.raw_parent_header,
         (message.parent_msg_id or "").encode(),
         parent_type,
-        b"1" if is_mark(message) else b"0",
+        _kind(message),
     ]
+
+
+def _kind(message: Any) -> bytes:
+    """The append script's flag: ``1`` a mark, ``2`` another execution end, ``0`` else."""
+    if is_mark(message):
+        return b"1"
+    return b"2" if is_end(message) else b"0"
 
 
 def connect(url: str, *, pool_size: int | None = None, **kwargs: Any) -> Any:
@@ -437,7 +458,9 @@ class RedisTranscriptStore(TranscriptStore):
         self._redis = connect(
             self.url, pool_size=self.max_connections, socket_timeout=10, socket_connect_timeout=5
         )
-        self._scripts["append"] = self._redis.register_script(_APPEND)
+        self._scripts["append"] = self._redis.register_script(
+            _APPEND.replace("ENDS_MAXLEN", str(ENDS_MAXLEN))
+        )
 
     @property
     def redis(self) -> Any:
@@ -524,6 +547,12 @@ class RedisTranscriptStore(TranscriptStore):
             return
         kept = self._ends.setdefault(kernel_id, deque())
         size = self._ends_bytes.get(kernel_id, 0)
+        if kept and ends[0].seq < kept[0].first_seq:
+            # Older than every one kept (loaded from Redis after the bus brought newer).
+            merged = sorted({r.seq: r for r in [*ends, *kept]}.values(), key=lambda r: r.seq)
+            kept.clear()
+            size = 0
+            ends = merged
         for record in ends:
             if kept and record.first_seq <= kept[-1].seq:
                 continue  # had already (a catch-up overlapping the bus)
@@ -542,6 +571,22 @@ class RedisTranscriptStore(TranscriptStore):
             for record in self._ends.get(kernel_id, ())
             if record.first_seq > after and record.seq <= until
         ]
+
+    async def load_ends(self, kernel_id: str) -> None:
+        """Keep the execution ends Redis has of ``kernel_id`` (its ends stream, the newest
+        first, within :attr:`keep_ends_bytes`): a node that joins a kernel, or starts
+        again, can write back what earlier owners wrote should Redis lose it."""
+        if self.keep_ends_bytes <= 0:
+            return
+        entries = await self._redis.xrevrange(
+            self.keys.of(kernel_id, "ends"), "+", "-", count=ENDS_MAXLEN
+        )
+        records = []
+        for _, fields in reversed(entries):
+            with contextlib.suppress(MalformedMessage):
+                records.append(record_of_entry(kernel_id, fields))
+        if records:
+            self.keep_ends(kernel_id, records)
 
     def forget_ends(self, kernel_id: str) -> None:
         self._ends.pop(kernel_id, None)
@@ -632,6 +677,7 @@ class RedisTranscriptStore(TranscriptStore):
                     keys.of(kernel_id, "marks"),
                     keys.of(kernel_id, "meta"),
                     keys.of(kernel_id, "lease"),
+                    keys.of(kernel_id, "ends"),
                 ],
                 args=args,
             )

@@ -223,7 +223,10 @@ async def test_a_takeover_numbers_on_above_the_reservation_after_a_gap(
 
 async def forget_kernel(store: RedisTranscriptStore, kernel_id: str) -> None:
     """What a Redis restarted empty has of ``kernel_id``: nothing (its keys deleted)."""
-    keys = [store.keys.of(kernel_id, what) for what in ("log", "marks", "meta", "lease", "fence")]
+    keys = [
+        store.keys.of(kernel_id, what)
+        for what in ("log", "marks", "ends", "meta", "lease", "fence", "cursors")
+    ]
     await store.redis.delete(*keys)
 
 
@@ -383,6 +386,22 @@ async def test_a_follower_keeps_the_ends_it_reads_off_the_bus_and_writes_them_ba
         await wait_for(lambda: len(got) >= 4)
         assert got == [1, 2, 3, 4]
         assert [r.seq for r in store.ends_since(kernel_id, 0, 10)] == [2, 4]
+        # A node that joins later (or starts again) loads them from the ends stream, also
+        # after newer ones came off the bus.
+        late = RedisTranscriptStore(url=store.url, key_prefix=store.key_prefix)
+        late.open()
+        try:
+            newer = reply_record(kernel_id, 6, "status", {"execution_state": "idle"}, "run-2")
+            late.keep_ends(kernel_id, [newer])
+            await late.load_ends(kernel_id)
+            assert [r.seq for r in late.ends_since(kernel_id, 0, 10)] == [2, 4, 6]
+            loaded = late.ends_since(kernel_id, 0, 4)
+            assert [r.message.raw_content for r in loaded] == [
+                records[1].message.raw_content,
+                records[3].message.raw_content,
+            ]
+        finally:
+            late.close()
         # Redis forgets the kernel, and b with it (its lease gone): a, which had seen up to
         # seq 4, takes it over and writes back the ends it kept before its gap.
         await forget_kernel(store, kernel_id)
