@@ -263,15 +263,18 @@ class ClusterNode(LoggingConfigurable):
 
     async def claim(self, kernel_id: str) -> bool:
         """Take the kernel's lease (or keep it); False if another node holds it. Called by
-        the RecorderRegistry before it starts a Tap. A kernel with a transcript already (its owner
-        died before this node ever followed it) is numbered on after a gap record."""
+        the RecorderRegistry before it starts a Tap, whether this node records the kernel or
+        follows it. A kernel with a transcript already (its owner died before this node
+        ever followed it) is numbered on after a gap record."""
         had = self.leases.holds(kernel_id)
+        # Recorded here or followed, this node keeps the kernel's execution ends from now
+        # (a kernel re-attached after a restart of this node, too): those Redis has first.
+        await self.store.load_ends(kernel_id)
         value = await self.leases.acquire(kernel_id, self.node, self.lease_ttl)
         if value is None:
             return False
         self.leases.hold(kernel_id, value)
         if not had:
-            await self.store.load_ends(kernel_id)
             gap = await self.leases.take_over(kernel_id, value, "owner_lost")
             self._after_hand_over(kernel_id)
             if gap is not None:
@@ -545,7 +548,6 @@ class ClusterNode(LoggingConfigurable):
                 language=attachment.language,
             )
         await self.taps.ensure(kernel_id)
-        await self.store.load_ends(kernel_id)
 
     async def _take_over(self, tap: KernelRecorder, link: dict[str, Any]) -> None:
         kernel_id = tap.kernel_id
