@@ -326,9 +326,23 @@ def connect(url: str, *, pool_size: int | None = None, **kwargs: Any) -> Any:
     """An asyncio Redis client for ``url`` (hiredis parses replies when installed). With
     ``pool_size``, at most that many connections, a command waiting for one to be free
     (redis-py's default pool raises "Too many connections" instead: 300 clients
-    connecting at once made it refuse their cursor lookups)."""
-    import redis.asyncio as aioredis
+    connecting at once made it refuse their cursor lookups).
 
+    A command whose connection turns out closed is sent again on a new one, twice at
+    most: after Redis restarts, every pooled connection is dead, and redis-py's default
+    (no retry) failed the first request on each (the transcript API answered 500). Every
+    write is safe to send twice: the append script skips records that landed, and the
+    others set values. Timeouts are not retried (a paused Redis would hold each request
+    three times as long)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    kwargs.setdefault(
+        "retry",
+        Retry(ExponentialBackoff(cap=0.5, base=0.05), 2, supported_errors=(RedisConnectionError,)),
+    )
     if pool_size is None:
         return aioredis.Redis.from_url(url, **kwargs)
     pool = aioredis.BlockingConnectionPool.from_url(

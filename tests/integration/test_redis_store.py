@@ -521,3 +521,28 @@ async def test_a_paused_redis_makes_health_say_the_writes_are_stalled(tmp_path: 
         store.close()
     finally:
         server.stop()
+
+
+async def test_the_first_requests_after_redis_restarted_are_answered(tmp_path: Any) -> None:
+    """Redis restarted: every pooled connection is dead. A read (several at once, as the
+    pool holds several) is sent again on a new connection and answered; before, the first
+    request on each dead connection failed (the transcript API answered 500 in the
+    50-fault run)."""
+    require_redis_server()
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        await server.wait_ready()
+        store = RedisTranscriptStore(url=server.url)
+        store.open()
+        kernel_id = str(uuid.uuid4())
+        # Four connections in the pool, each used once.
+        await asyncio.gather(*(store.read(kernel_id, 0, 10) for _ in range(4)))
+        server.kill()
+        server.start()
+        await server.wait_ready()
+        pages = await asyncio.gather(*(store.read(kernel_id, 0, 10) for _ in range(4)))
+        assert [page.head for page in pages] == [0, 0, 0, 0]
+        store.close()
+    finally:
+        server.stop()
