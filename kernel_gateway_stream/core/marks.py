@@ -195,8 +195,15 @@ def is_mark(message: KernelMessage) -> bool:
 def is_end(message: KernelMessage) -> bool:
     """True for what an execution's summary needs to tell that it ended, and how: its
     ``execute_input`` (it ran), ``error`` (it failed) and ``idle`` status (it ended), and
-    the gateway's marks (lifecycle statuses, gaps)."""
-    return message.execution_state == "idle" or message.msg_type in _END_TYPES or is_mark(message)
+    the gateway's lifecycle statuses (the kernel went). Not gap records: a hole between
+    ends kept is written back as a gap of its own (they took a third of what a node kept
+    after a few restarts of Redis)."""
+    return (
+        message.execution_state == "idle"
+        or message.msg_type in _END_TYPES
+        or message.execution_state in LIFECYCLE_STATES
+        or message.msg_type == LIFECYCLE_MSG_TYPE
+    )
 
 
 _END_TYPES = frozenset({"execute_input", "error"})

@@ -7,8 +7,8 @@ Keys, all of one kernel in one hash slot (``{kernel_id}`` is a Redis Cluster has
     <prefix>{K}:marks    stream: the lifecycle statuses and gap records again (execution
                          summaries read them without scanning the log)
     <prefix>{K}:ends     stream: the execution ends again (execute_input, error, idle
-                         status, marks), the last ENDS_MAXLEN: what a node keeps in memory
-                         to write back if Redis loses the log
+                         status, lifecycle statuses), the last ENDS_MAXLEN: what a
+                         node keeps in memory to write back if Redis loses the log
     <prefix>{K}:meta     hash: head (last seq written), reserved, started, ended
     <prefix>{K}:lease    string: ``<node>:<token>`` of the node that records the kernel
     <prefix>{K}:fence    counter: the fencing token, one more at every acquisition
@@ -97,8 +97,8 @@ ENDS_MAXLEN = 3000
 
 #: KEYS: log, marks, meta, lease, ends. ARGV: lease value, maxlen, reserve_ahead, the head
 #: the writer last wrote (0: none), then per record seq, r, p, pi, pt, and "1" for a mark
-#: (in the marks and the ends streams), "2" for another execution end (the ends stream),
-#: "0" for the rest.
+#: that ends executions (in the marks and the ends streams), "3" for another mark (the
+#: marks stream), "2" for another execution end (the ends stream), "0" for the rest.
 #: Returns the head. Refused with LOST when the head is below the writer's (Redis forgot
 #: records), with FENCED when the lease is not the writer's, and with FORKED when a record
 #: at or below the head is not the one Redis holds at its seq (another node numbered it:
@@ -150,10 +150,11 @@ while i + 5 <= #ARGV do
     end
     -- pcall: a copy that has the entry already (written back after Redis lost the log
     -- but kept this stream) must not fail the append.
-    if ARGV[i + 5] == '1' then
+    local kind = ARGV[i + 5]
+    if kind == '1' or kind == '3' then
       redis.pcall('XADD', KEYS[2], 'MAXLEN', '~', 100000, id, unpack(fields))
     end
-    if ARGV[i + 5] ~= '0' then
+    if kind == '1' or kind == '2' then
       redis.pcall('XADD', KEYS[5], 'MAXLEN', '~', ENDS_MAXLEN, id, unpack(fields))
     end
     head = seq
@@ -316,9 +317,10 @@ def _record_args(record: Record) -> list[bytes | str | int]:
 
 
 def _kind(message: Any) -> bytes:
-    """The append script's flag: ``1`` a mark, ``2`` another execution end, ``0`` else."""
+    """The append script's flag: ``1`` a mark that ends executions (a lifecycle status),
+    ``3`` another mark (a gap), ``2`` another execution end, ``0`` else."""
     if is_mark(message):
-        return b"1"
+        return b"1" if is_end(message) else b"3"
     return b"2" if is_end(message) else b"0"
 
 
@@ -415,7 +417,8 @@ class RedisTranscriptStore(TranscriptStore):
         1024 * 1024,
         config=True,
         help="Per kernel this node records, most bytes of the execution ends it wrote "
-        "(execute_input, error, idle status, the gateway's marks) kept in memory, the newest, "
+        "(execute_input, error, idle status, the kernel's lifecycle statuses) kept in memory, "
+        "the newest, "
         "to write back at their seqs when Redis loses its data (restarted empty, or failed "
         "over without them): the executions they end still end in the transcript, with how, "
         "inside store_lost gaps. 0 keeps none. About 1.7 KB an execution of ipykernel's.",

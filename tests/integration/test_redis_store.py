@@ -345,6 +345,17 @@ async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forge
         statuses.append((summary.status, summary.gaps != []))
     # run-1 lost its output (a gap inside it), run-2 only its busy status (before it).
     assert statuses == [("ok", True), ("error", False)]
+    # The gaps are marks (summaries read them) but not ends: a node keeps none of them, and
+    # after Redis loses it again the same ends go back with gaps of their own.
+    marks = await store.marks(kernel_id, 0)
+    assert [(m.first_seq, m.seq) for m in marks] == [(1, 1), (3, 3), (5, 5), (9, 9)]
+    await forget_kernel(store, kernel_id)
+    value = await leases.acquire(kernel_id, "a", 30)
+    assert value is not None
+    leases.hold(kernel_id, value)
+    again = await leases.cover_loss(kernel_id, value, 9)
+    assert [(gap.first_seq, gap.seq) for gap in again] == [(1, 1), (3, 3), (5, 5), (9, 9)]
+    assert [r.seq for r in store.ends_since(kernel_id, 0, 9)] == [2, 4, 6, 7, 8]
     # Bounded: room for one record only, the newest.
     store.keep_ends_bytes = cost(records[-2]) + 1
     store.append(reply_record(kernel_id, 10, "status", {"execution_state": "idle"}, "run-3"))
