@@ -295,6 +295,18 @@ def reply_record(kernel_id: str, seq: int, msg_type: str, content: dict, parent:
     return Record(kernel_id, seq, time.time(), KernelMessage.from_parts(parts))
 
 
+async def forgotten_and_covered(
+    store: RedisTranscriptStore, leases: LeaseMap, kernel_id: str, known: int
+) -> list[Record]:
+    """Redis forgets the kernel; node a takes its lease again and covers what it had
+    written up to ``known``: the gap records written."""
+    await forget_kernel(store, kernel_id)
+    value = await leases.acquire(kernel_id, "a", 30)
+    assert value is not None
+    leases.hold(kernel_id, value)
+    return await leases.cover_loss(kernel_id, value, known)
+
+
 async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forgets(
     store: RedisTranscriptStore, leases: LeaseMap
 ) -> None:
@@ -317,11 +329,7 @@ async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forge
     for record in records:
         store.append(record)
     assert await store.flush(10)
-    await forget_kernel(store, kernel_id)
-    value = await leases.acquire(kernel_id, "a", 30)
-    assert value is not None
-    leases.hold(kernel_id, value)
-    gaps = await leases.cover_loss(kernel_id, value, 9)
+    gaps = await forgotten_and_covered(store, leases, kernel_id, 9)
     assert [(gap.first_seq, gap.seq) for gap in gaps] == [(1, 1), (3, 3), (5, 5), (9, 9)]
     page = await store.read(kernel_id, 0, 100)
     got = [(r.first_seq, r.seq, r.message.msg_type) for r in page.records]
@@ -349,11 +357,7 @@ async def test_the_execution_ends_a_node_wrote_are_written_back_when_redis_forge
     # after Redis loses it again the same ends go back with gaps of their own.
     marks = await store.marks(kernel_id, 0)
     assert [(m.first_seq, m.seq) for m in marks] == [(1, 1), (3, 3), (5, 5), (9, 9)]
-    await forget_kernel(store, kernel_id)
-    value = await leases.acquire(kernel_id, "a", 30)
-    assert value is not None
-    leases.hold(kernel_id, value)
-    again = await leases.cover_loss(kernel_id, value, 9)
+    again = await forgotten_and_covered(store, leases, kernel_id, 9)
     assert [(gap.first_seq, gap.seq) for gap in again] == [(1, 1), (3, 3), (5, 5), (9, 9)]
     assert [r.seq for r in store.ends_since(kernel_id, 0, 9)] == [2, 4, 6, 7, 8]
     # Bounded: room for one record only, the newest.
