@@ -9,6 +9,10 @@
  *    (those reach the cell through JupyterLab's own future), are restored.
  * 2. A finished execution that the cell already shows (same execution count, some
  *    output) is left alone; otherwise the cell gets its outputs and execution count.
+ *    A cell given an execution's outputs is trusted, as JupyterLab trusts a cell it
+ *    runs (`CodeCell.execute`): the outputs came from this notebook's kernel running
+ *    that cell, not from the notebook's file, so they render as they did live (widget
+ *    views, HTML) even in a notebook JupyterLab has not signed.
  * 3. A queued or running one gets its outputs so far, shows as running, and is followed:
  *    its IOPub messages above the answer's `head` are applied as JupyterLab's output
  *    area applies them (`@jupyterlab/outputarea` widget.ts `_onIOPub`) until its
@@ -152,6 +156,8 @@ export interface RestorableCell {
   executionCount: number | null;
   /** JupyterLab >= 4.1 shows `[*]` while this is `running`. */
   executionState?: 'idle' | 'running';
+  /** Whether outputs render with every renderer (`ICellModel.trusted`). */
+  trusted?: boolean;
 }
 
 /** An IOPub message as JupyterLab's kernel connection emits it. */
@@ -194,6 +200,9 @@ export function restoreCells(
     const live = execution.status === 'queued' || execution.status === 'running';
     if (!live && showsAlready(cell, execution)) {
       continue;
+    }
+    if ('trusted' in cell) {
+      cell.trusted = true; // before the outputs: each is made trusted as it is added
     }
     replaceOutputs(cell.outputs, execution.outputs);
     if (live) {

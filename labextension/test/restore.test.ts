@@ -72,6 +72,7 @@ class Cell implements RestorableCell {
   }
   readonly outputs = new RecordingOutputs();
   executionState: 'idle' | 'running' = 'idle';
+  trusted = false;
 }
 
 const text = (value: string, name = 'stdout'): OutputJSON => ({
@@ -142,6 +143,32 @@ describe('restoreCells', () => {
     assert.deepEqual(cell.outputs.calls, ['clear', 'add stream "done\\n"']);
     assert.equal(cell.executionCount, 3);
     assert.equal(result.followers.length, 0);
+  });
+
+  it('trusts a cell before giving it outputs, finished or still running', () => {
+    // A notebook JupyterLab has not signed loads with untrusted cells; outputs added to one
+    // would render as text only (a widget as `IntSlider(value=3)`).
+    for (const status of ['ok', 'running'] as const) {
+      const cell = new Cell();
+      let trustedAtFirstAdd: boolean | null = null;
+      const add = cell.outputs.add.bind(cell.outputs);
+      cell.outputs.add = output => {
+        trustedAtFirstAdd ??= cell.trusted;
+        return add(output);
+      };
+      restoreCells(answer([execution({ status })]), () => cell, () => false);
+      assert.equal(cell.trusted, true, status);
+      assert.equal(trustedAtFirstAdd, true, status);
+    }
+  });
+
+  it('leaves the trust of a cell it does not restore as it is', () => {
+    const shown = new Cell(3, [text('done\n')]);
+    const sent = new Cell();
+    restoreCells(answer([execution({})]), () => shown, () => false);
+    restoreCells(answer([execution({})]), () => sent, () => true);
+    assert.equal(shown.trusted, false);
+    assert.equal(sent.trusted, false);
   });
 
   it('leaves alone a cell that already shows the finished execution', () => {
