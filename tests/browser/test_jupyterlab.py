@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -651,5 +652,153 @@ async def test_output_of_a_cell_that_ended_while_no_page_was_open_appears(
         assert await prompt(page, 1) == "[2]:"
         await toast_shown(page, "Restored output of 2 cells from the gateway")
         await page.screenshot(path=str(ARTIFACTS / "jupyterlab-restored-after-away.png"))
+        assert not errors, errors
+    await shared_lab.shutdown_kernel(name)
+
+
+# ipywidgets (issue 26): a slider the kernel observes, a button with a callback, an Output
+# widget, a cell that moves the slider from the kernel, and a cell that keeps the main shell
+# busy for a moment. JupyterLab sends widget comms over a subshell of their own (its
+# default with ipykernel 7); ipykernel answers a widget's messages on the shell that last
+# published on it, the main shell for a widget a cell made, so a move made while a cell
+# runs is handled once it ends, with the gateway as without it.
+WIDGETS = (
+    """\
+import ipywidgets as w
+slider = w.IntSlider(value=3, description="s")
+seen = w.Label("seen none")
+slider.observe(lambda change: setattr(seen, "value", f"seen {change['new']}"), "value")
+w.VBox([slider, seen])""",
+    """\
+clicks = w.Label("clicks 0")
+button = w.Button(description="press")
+count = [0]
+def on_click(_):
+    count[0] += 1
+    clicks.value = f"clicks {count[0]}"
+button.on_click(on_click)
+w.HBox([button, clicks])""",
+    """\
+out = w.Output()
+with out:
+    print("inside output")
+out""",
+    "slider.value = 7",
+    "import time\ntime.sleep(3)",
+)
+
+
+async def widget_texts(page: Any, index: int, selector: str) -> list[str]:
+    """The texts of the widget views matching ``selector`` in cell ``index`` (a slider's
+    readout, labels)."""
+    texts: list[str] = (
+        await cell(page, index)
+        .locator(selector)
+        .evaluate_all("nodes => nodes.map(node => node.textContent.trim())")
+    )
+    return texts
+
+
+def widget_says(page: Any, index: int, selector: str, text: str) -> Callable[[], Awaitable[bool]]:
+    """Whether a view matching ``selector`` in cell ``index`` shows ``text``."""
+
+    async def check() -> bool:
+        return text in await widget_texts(page, index, selector)
+
+    return check
+
+
+def widget_shown(page: Any, index: int, selector: str) -> Callable[[], Awaitable[int]]:
+    """How many live views matching ``selector`` cell ``index`` shows."""
+
+    async def check() -> int:
+        count: int = await cell(page, index).locator(selector).count()
+        return count
+
+    return check
+
+
+async def move_slider_right(page: Any) -> None:
+    """Move cell 0's slider one step right from the keyboard, as a user can."""
+    handle = cell(page, 0).locator(".widget-slider .noUi-handle").first
+    await handle.focus()
+    await page.keyboard.press("ArrowRight")
+
+
+async def output_widget_shown_once(page: Any, index: int) -> None:
+    """Cell ``index`` shows one output, the Output widget, and what it captured once,
+    inside it (not a second time as the cell's own output)."""
+    outputs = cell(page, index).locator(".jp-Cell-outputArea > .jp-OutputArea-child")
+    inside = cell(page, index).locator(".widget-output .jp-OutputArea-output")
+    assert await outputs.count() == 1
+    assert await inside.count() == 1
+    assert (await inside.first.text_content() or "").strip() == "inside output"
+
+
+def comm_subshells(frames: list[str | bytes]) -> set[str]:
+    """The subshells named by the ``comm_msg`` frames the page sent."""
+    subshells: set[str] = set()
+    for frame in frames:
+        text = frame if isinstance(frame, str) else frame.decode("latin-1")
+        if re.search(r'"msg_type":\s*"comm_msg"', text):
+            subshells.update(re.findall(r'"subshell_id":\s*"([^"]+)"', text))
+    return subshells
+
+
+async def saved_with_outputs(lab: Lab, name: str) -> bool:
+    """Whether notebook ``name``'s file holds outputs of its first cell."""
+    document = json.loads((lab.root / name).read_text())
+    return bool(document["cells"][0]["outputs"])
+
+
+@SHARED_LAB
+@pytest.mark.parametrize("saved", [True, False], ids=["saved", "unsaved"])
+async def test_widgets_are_live_before_and_after_a_reload(shared_lab: Lab, saved: bool) -> None:
+    """(g) Widgets behave as without the gateway, and come back live after a reload: a
+    slider moved from the page and from the kernel, a button's callback, an Output widget,
+    comms sent over a subshell, a move made while the main shell is busy handled once it
+    is free. Then the page is reloaded, the notebook saved before (its outputs come from
+    the file) or not (its file, which JupyterLab never signed, has none: the gateway
+    restores them): every widget is a live view again, nothing shows twice, and the page
+    and the kernel still move the slider and hear the button."""
+    kind = "saved" if saved else "unsaved"
+    name = shared_lab.notebook(f"widgets-{kind}.ipynb", *WIDGETS)
+    readout, label = ".widget-readout", ".widget-label"
+    async with lab_page(f"widgets-{kind}") as (page, errors):
+        sent: list[str | bytes] = []
+        page.on("websocket", lambda ws: ws.on("framesent", lambda frame: sent.append(frame)))
+        await open_notebook(page, shared_lab.url, name)
+        for index in range(4):
+            await run_cell(page, index)
+            await until(f"cell {index}'s end", cell_ended(page, index))
+        # From the kernel (cell 3 set 7) to the page, and back through the observer.
+        await until("the slider at 7", widget_says(page, 0, readout, "7"))
+        await until("the observer's 'seen 7'", widget_says(page, 0, label, "seen 7"))
+        await output_widget_shown_once(page, 2)
+        # From the page, while the main shell is busy and after.
+        await run_cell(page, 4)
+        await move_slider_right(page)
+        await cell(page, 1).locator(".widget-button").click()
+        await until("the observer's 'seen 8'", widget_says(page, 0, label, "seen 8"))
+        await until("the callback's 'clicks 1'", widget_says(page, 1, label, "clicks 1"))
+        await until("the busy cell's end", cell_ended(page, 4))
+        assert comm_subshells(sent), "JupyterLab sent no comm over a subshell"
+        if saved:
+            await page.keyboard.press("Control+s")
+            await until("the notebook saved", lambda: saved_with_outputs(shared_lab, name))
+        await page.reload()
+        await notebook_shown(page)
+        await until("the slider live again at 8", widget_says(page, 0, readout, "8"), timeout=90)
+        await until("the button live again", widget_shown(page, 1, ".widget-button"))
+        await until("the Output widget live again", widget_shown(page, 2, ".widget-output"))
+        await output_widget_shown_once(page, 2)
+        assert await widget_texts(page, 1, label) == ["clicks 1"]
+        await page.screenshot(path=str(ARTIFACTS / f"jupyterlab-widgets-{kind}.png"))
+        await move_slider_right(page)
+        await until("'seen 9' after the reload", widget_says(page, 0, label, "seen 9"))
+        await cell(page, 1).locator(".widget-button").click()
+        await until("'clicks 2' after the reload", widget_says(page, 1, label, "clicks 2"))
+        await run_cell(page, 3)
+        await until("the slider moved by the kernel to 7", widget_says(page, 0, readout, "7"))
         assert not errors, errors
     await shared_lab.shutdown_kernel(name)
