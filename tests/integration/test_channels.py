@@ -446,6 +446,43 @@ async def test_the_tap_keeps_kernel_activity_for_the_kernels_api(
     assert getattr(kernel, "_activity_stream", None) is None
 
 
+async def test_a_new_kernel_turns_idle_with_no_client_and_its_session_says_so(
+    jp_fetch: Any,
+) -> None:
+    """A deliberate difference (docs/jupyterlab.md): jupyter_server keeps a new kernel
+    ``starting`` until a client connects; the gateway reads a kernel from its start
+    (nudging it with ``kernel_info_request``), so its model goes ``starting`` (or already
+    ``idle`` on a quick start) to ``idle`` with nobody connected, never back, and the
+    sessions API says what the kernels API says."""
+    body = {"path": "a.ipynb", "name": "a.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    session = json.loads(
+        (await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))).body
+    )
+    kernel_id = session["kernel"]["id"]
+    states = [session["kernel"]["execution_state"]]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds(60)
+    while states[-1] != "idle":
+        assert loop.time() < deadline, states
+        await asyncio.sleep(0.05)
+        model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
+        states.append(model["execution_state"])
+    assert model_sequence(states) in (["starting", "idle"], ["idle"]), states
+    model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
+    assert model["connections"] == 0
+    [listed] = json.loads((await jp_fetch("api", "sessions")).body)
+    assert listed["kernel"]["execution_state"] == "idle"
+    await asyncio.sleep(0.5)  # no later status takes it back to starting
+    assert json.loads((await jp_fetch("api", "kernels", kernel_id)).body)["execution_state"] == (
+        "idle"
+    )
+
+
+def model_sequence(states: list[str]) -> list[str]:
+    """``states`` with repeats folded: ``[starting, starting, idle]`` is ``[starting, idle]``."""
+    return [state for index, state in enumerate(states) if index == 0 or states[index - 1] != state]
+
+
 async def test_oversized_inbound_frame_closes_only_its_socket(
     start_kernel: Any, connect: Any, transcript: Any
 ) -> None:
