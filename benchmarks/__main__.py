@@ -5,6 +5,7 @@ jupyter_kernel_gateway, in one run, on one machine, with the same client code an
     python -m benchmarks --quick                                          # about 2 minutes
     python -m benchmarks --only latency fanout --systems kernel_gateway_stream
     python -m benchmarks --only faults --seed 1 --faults 50                # about 6 minutes
+    python -m benchmarks --only kernel_start                               # about 2 minutes
 
 Prints Markdown tables (each scenario, then the targets with the ratios measured) and
 writes everything, every run included, to ``benchmarks/results/report.json``.
@@ -29,7 +30,7 @@ import jupyter_server
 import kernel_gateway
 import zmq
 
-from . import faults, nodes
+from . import faults, nodes, pool
 from . import scenarios as sc
 from .firehose import install_kernelspec
 from .systems import SYSTEMS, Server, System
@@ -45,9 +46,10 @@ SCENARIOS = (
     "upstream",
     "nodes",
     "faults",
+    "kernel_start",
 )
 #: Scenarios that start servers of their own, not one per system.
-OWN_SERVERS = {"upstream", "nodes", "faults"}
+OWN_SERVERS = {"upstream", "nodes", "faults", "kernel_start"}
 Row = dict[str, Any]
 
 
@@ -183,6 +185,16 @@ COLUMNS = {
         "lost_in_gaps",
         "finished",
     ],
+    "kernel_start": [
+        "starts",
+        "taken_from_pool",
+        "answer_p50_ms",
+        "p50_ms",
+        "p95_ms",
+        "max_ms",
+        "x_cold",
+        "idle_pooled_kernel_mib",
+    ],
     "nodes": [
         "p50_ms",
         "p99_ms",
@@ -242,6 +254,13 @@ def targets(rows: list[Row]) -> list[Row]:
     def check(name: str, measured: float | None, met: bool | None, how: str) -> None:
         checks.append({"target": name, "measured": measured, "met": met, "how": how})
 
+    for pooled in (r for r in rows if r["scenario"] == "kernel_start" and "pooled" in r["case"]):
+        check(
+            f"{pooled['case'].split(',')[0]} pooled start p50 <= 50 ms",
+            pooled["p50_ms"],
+            pooled["p50_ms"] <= 50,
+            "POST /api/kernels to print(1)'s output",
+        )
     loss_rows = [r for r in rows if r["scenario"] == "loss" and r["system"] == ours]
     if loss_rows:
         worst = max(r["loss_percent"] for r in loss_rows)
@@ -359,6 +378,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         if "nodes" in only:
             rows += await nodes.nodes(home, plan)
             print("  nodes done", flush=True)
+        if "kernel_start" in only:
+            rows += await pool.kernel_start(home, starts=5 if args.quick else 20)
+            print("  kernel_start done", flush=True)
         fault_table = ""
         if "faults" in only:
             found, fault_table = await faults.faults(

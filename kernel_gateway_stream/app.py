@@ -33,7 +33,7 @@ from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
 from jupyter_server.serverapp import ServerApp
 from tornado.ioloop import PeriodicCallback
-from traitlets import Bool, Float, Int, List, Type, Unicode, default
+from traitlets import Bool, Dict, Float, Int, List, Type, Unicode, default
 
 from . import metrics
 from .broker.base import Broker
@@ -66,6 +66,7 @@ from .handlers.stream import StreamHandler
 from .handlers.transcript import TranscriptHandler
 from .kernels import StreamKernelManager, StreamMappingKernelManager
 from .kernels.attaching import KernelAttacher
+from .kernels.pool import POOL_FILE, KernelPool
 from .kernels.upstream_manager import UpstreamMappingKernelManager
 from .kernels.zmq_kernel import KernelSockets
 from .logs import LogSetup
@@ -289,6 +290,16 @@ class GatewayStreamApp(ExtensionApp):
         "(it may hold Redis's password) and any "
         "variable holding the token: all are removed from the gateway's environment before "
         "any kernel starts, so kernels never see them.",
+    )
+    kernel_pool = Dict(
+        value_trait=Int(min=0),
+        key_trait=Unicode(),
+        default_value={},
+        config=True,
+        help="How many kernels of each kernelspec to keep started ahead, for the next starts "
+        'of that kernelspec ({"python3-sandbox": 2}); a start takes a ready one in '
+        "milliseconds and the pool starts another. Needs StreamMappingKernelManager (the "
+        "daemon's default). See docs/sandbox.md.",
     )
     protect_process_memory = Bool(
         True,
@@ -674,6 +685,7 @@ class GatewayStreamApp(ExtensionApp):
         finally:
             self.recovered.set()
         self.attacher.start()
+        await self._open_pool(serverapp.kernel_manager)
         self._health_watch = PeriodicCallback(self._watch_health, self.health_check_interval * 1000)
         self._health_watch.start()
         self.trimmer = HeapTrimmer(self.heap_trim_interval, self.heap_trim_threshold)
@@ -685,6 +697,20 @@ class GatewayStreamApp(ExtensionApp):
             # log file instead, as daemons do.
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._log_setup.reopen)
         await self.taps.reconcile()
+
+    async def _open_pool(self, kernel_manager: Any) -> None:
+        """Start filling the warm pool, if ``kernel_pool`` asks for one."""
+        if not any(self.kernel_pool.values()):
+            return
+        if not isinstance(kernel_manager, StreamMappingKernelManager):
+            self.log.warning(
+                "kernel_pool is ignored: it needs --ServerApp.kernel_manager_class="
+                "kernel_gateway_stream.kernels.StreamMappingKernelManager"
+            )
+            return
+        path = os.path.join(self._state_directory(), POOL_FILE)
+        kernel_manager.pool = KernelPool(kernel_manager, self.kernel_pool, path, log=self.log)
+        await kernel_manager.pool.open()
 
     def _watch_health(self) -> None:
         """Log each change of a component's state, once."""

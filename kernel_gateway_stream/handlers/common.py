@@ -279,6 +279,9 @@ class Services:
         ]
         if self.cluster is not None:
             components.append(self.cluster.health())
+        pool = getattr(self.taps.kernel_manager, "pool", None)
+        if pool is not None:
+            components.append(pool.health())
         return components
 
 

@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 LAUNCHER_MODULE = "kernel_gateway_stream.kernel_launcher"
+KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 _IPYKERNEL_MODULES = ("ipykernel_launcher", "ipykernel")
 
 
@@ -112,6 +113,27 @@ class StreamKernelManager(ServerKernelManager):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lifecycle_hooks: list[Callable[[str], None]] = []
+        #: Set by the warm pool (:mod:`.pool`) on a kernel it started ahead and answered:
+        #: the next start is its hand-out, which starts nothing.
+        self.from_pool = False
+
+    async def start_kernel(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        """jupyter_server's; for a kernel the pool hands out, only the start event (its
+        listeners, the gateway's recorders among them, see the kernel start now)."""
+        if not self.from_pool:
+            await super().start_kernel(*args, **kwargs)
+            return
+        self.from_pool = False
+        self.emit(
+            schema_id=KERNEL_ACTIONS_SCHEMA,
+            data={
+                "kernel_id": self.kernel_id,
+                "kernel_name": self.kernel_name,
+                "action": "start",
+                "status": "success",
+                "msg": f"Kernel {self.kernel_id} was started (from the pool).",
+            },
+        )
 
     @default("ip")
     def _default_ip(self) -> str:

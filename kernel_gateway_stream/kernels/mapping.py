@@ -31,6 +31,7 @@ from traitlets import HasTraits
 from ..core.errors import start_failure
 from .attached import AttachedKernelManager
 from .base import start_of
+from .pool import KernelPool
 
 __all__ = ["StreamMappingKernelManager", "until_settled"]
 
@@ -63,6 +64,9 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
     * An unknown kernel id is a 404 with ``reason`` ``unknown_kernel``, so that the API's
       JSON error has the same ``{"reason", "message"}`` as the gateway's own.
 
+    * With a warm pool (:attr:`pool`, ``GatewayStreamApp.kernel_pool``), a start of a
+      kernelspec the pool holds ready takes one of those (see :mod:`.pool`).
+
     The standalone daemon uses it by default (``StreamServerApp.kernel_manager_class``).
     Under ``jupyter server`` it is opted into with ``--ServerApp.kernel_manager_class=
     kernel_gateway_stream.kernels.StreamMappingKernelManager``.
@@ -72,6 +76,8 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
         super().__init__(**kwargs)
         self._shutdowns: dict[str, asyncio.Task[None]] = {}
         self._releases: set[asyncio.Task[None]] = set()
+        #: Kernels started ahead (set by the gateway when ``kernel_pool`` asks for some).
+        self.pool: KernelPool | None = None
 
     def start_watching_activity(self, kernel_id: str) -> None:
         """What jupyter_server's does, without its IOPub socket: the kernel's Tap reads the
@@ -89,6 +95,9 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
         process."""
         attachment = kwargs.pop("attachment", None)
         if attachment is None:
+            pooled = self._from_pool(kernel_name or self.default_kernel_name, kwargs)
+            if pooled is not None:
+                return pooled, pooled.kernel_name, pooled.kernel_id
             return super().pre_start_kernel(kernel_name, kwargs)
         kernel_id = kwargs.pop("kernel_id", None) or self.new_kernel_id()
         if kernel_id in self:
@@ -103,6 +112,24 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
             kernel_spec_manager=self.kernel_spec_manager,
         )
         return kernel, name, kernel_id
+
+    def _from_pool(self, kernel_name: str, kwargs: Any) -> Any | None:
+        """A ready kernel of the pool for this start, if it asks for nothing a pooled
+        kernel was not started with (an id of its own, another working directory)."""
+        if self.pool is None or kwargs.get("kernel_id"):
+            return None
+        cwd = kwargs.get("cwd")
+        if cwd is not None and os.path.realpath(cwd) != os.path.realpath(self.pool.cwd):
+            return None
+        return self.pool.take(kernel_name)
+
+    async def _async_shutdown_all(self, now: bool = False) -> None:
+        """jupyter_client's, after the pool's kernels (the server is stopping)."""
+        if self.pool is not None:
+            await self.pool.close()
+        await super()._async_shutdown_all(now=now)
+
+    shutdown_all = _async_shutdown_all  # type: ignore[assignment]
 
     async def _finish_kernel_start(self, kernel_id: str) -> None:
         """A kernel whose start fails (a pending kernel: ``use_pending_kernels``) is

@@ -22,6 +22,7 @@ from ..core.messages import Record
 from ..core.ownership import Role
 from ..kernels.base import KernelLink
 from ..kernels.links import LinkSettings, describe_link, link_for
+from ..kernels.local import KERNEL_ACTIONS_SCHEMA
 from ..kernels.upstream import UpstreamSettings
 from ..kernels.zmq_kernel import HeartbeatSettings, IOPubSettings, KernelSockets
 from ..stores.base import TranscriptStore
@@ -36,8 +37,6 @@ from .recorder import (
 )
 
 __all__ = ["KERNEL_ACTIONS_SCHEMA", "Leases", "RecorderRegistry"]
-
-KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 
 
 class Leases(Protocol):
