@@ -403,3 +403,40 @@ def host_address(kernel_id: str) -> str:
     """The host side of the kernel's veth pair, as the host shows it."""
     shown = ip("-o", "-4", "addr", "show", "dev", host_interface_name(kernel_id))
     return shown.split()[3].split("/")[0]
+
+
+async def test_a_pool_of_sandbox_kernels(sandbox_daemon: Daemon, nothing_left: Watched) -> None:
+    """``kernel_pool``: sandbox kernels started ahead are handed out each once, fresh and
+    sandboxed; the pool fills again; at the gateway's stop the kernels it still held are
+    shut down with their namespace, storage and processes (tests/integration/test_pool.py
+    has the pool itself, with local kernels)."""
+    daemon = sandbox_daemon
+    daemon.start(f"--GatewayStreamApp.kernel_pool={json.dumps({KERNEL_NAME: 1})}")
+    await daemon.wait_ready()
+
+    async def pool(ready: int) -> bool:
+        health = await daemon.fetch("/api/gateway/health")
+        return bool(
+            health["components"]["kernel_pool"]["kernelspecs"][KERNEL_NAME]["ready"] >= ready
+        )
+
+    await wait_until(lambda: pool(1), "a pooled sandbox kernel", timeout=seconds(120))
+    async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(60)) as client:
+        for _ in range(3):
+            kernel_id = await client.start_kernel(KERNEL_NAME)
+            nothing_left.watch(kernel_id)
+            result = await client.execute(
+                kernel_id,
+                "import os\nprint('secret' in globals(), os.getpid(), os.getuid() > 0)\nsecret = 1",
+            )
+            assert result.stdout == "False 2 True\n", result
+        await wait_until(lambda: pool(1), "the pool filled again", timeout=seconds(120))
+        state = json.loads(
+            (daemon.home / "data" / "kernel_gateway_stream" / "kernel-pool.json").read_text()
+        )
+        [waiting] = [kernel["kernel_id"] for kernel in state["kernels"]]
+        nothing_left.watch(waiting)
+        health = await daemon.fetch("/api/gateway/health")
+        assert health["components"]["kernel_pool"]["kernelspecs"][KERNEL_NAME]["taken"] >= 1
+    daemon.stop()
+    assert namespace_name(waiting) not in listed_namespaces()
