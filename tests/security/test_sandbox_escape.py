@@ -148,6 +148,9 @@ print(json.dumps({{
     "processes": processes(),
     "signal_gateway": attempt(signal_gateway),
     "gateway_port": attempt(lambda: connect({gateway_host!r}, {gateway_port})),
+    "redis": attempt(lambda: connect("127.0.0.1", 6379)),
+    "postgresql": attempt(lambda: connect("127.0.0.1", 5432)),
+    "other_kernel": attempt(lambda: connect({other_kernel[0]!r}, {other_kernel[1]})),
     "transcripts": attempt(lambda: read({transcripts!r})),
     "runtime": attempt(lambda: listing({runtime!r})),
     "daemon_data": attempt(lambda: listing({daemon_data!r})),
@@ -199,6 +202,12 @@ def limited_daemon(nothing_left: test_sandbox.Watched, daemon: Daemon) -> Daemon
     return daemon
 
 
+def shell_address(daemon: Daemon, kernel_id: str) -> tuple[str, int]:
+    """Where kernel ``kernel_id``'s shell listens, as the gateway reaches it."""
+    info = json.loads((daemon.home / "runtime" / f"kernel-{kernel_id}.json").read_text())
+    return str(info["ip"]), int(info["shell_port"])
+
+
 async def secret_home_file(client: GatewayClient, kernel_id: str) -> str:
     """A secret in kernel ``kernel_id``'s home; its path on the host."""
     namespace = namespace_name(kernel_id)
@@ -229,6 +238,7 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
             attacker,
             daemon,
             other_home=victim_secret,
+            other_kernel=shell_address(daemon, victim),
             gateway_host=host_address(attacker),  # the host side of its veth pair
             system_files=["/usr/probe", "/etc/probe", "/probe", "/run/kernel/probe"],
             daemon_file=str(daemon.home / "probe"),
@@ -245,6 +255,11 @@ async def test_a_sandbox_kernel_stays_in_its_sandbox_and_within_its_limits(
         # Outbound traffic is off: not even the gateway's port on the host side (the
         # namespace's firewall drops the SYN, which TCP sends again until the timeout).
         assert found["gateway_port"] == "TimeoutError"
+        # The host's loopback services (Redis, PostgreSQL) are not on its loopback, and
+        # another kernel's ports are out of reach (no route out of its namespace).
+        assert found["redis"] == "ConnectionRefusedError"
+        assert found["postgresql"] == "ConnectionRefusedError"
+        assert found["other_kernel"] == "OSError"
         # The gateway's files are not there at all.
         assert found["transcripts"] == "FileNotFoundError"
         assert found["runtime"] == "FileNotFoundError"
@@ -309,6 +324,7 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
             plain,
             daemon,
             other_home=victim_secret,
+            other_kernel=shell_address(daemon, victim),
             gateway_host=host_address(victim),
             system_files=[],  # not the host's system: it would be written
             daemon_file=str(daemon.home / "probe"),
@@ -318,6 +334,9 @@ async def test_the_same_probes_succeed_from_a_kernel_without_the_sandbox(
         assert str(daemon.process.pid) in found["processes"]
         assert found["signal_gateway"] == "signalled"
         assert found["gateway_port"] == "connected"
+        assert found["redis"] == "connected"  # the machine's Redis and PostgreSQL
+        assert found["postgresql"] == "connected"
+        assert found["other_kernel"] == "connected"
         assert found["transcripts"] == "read"
         assert found["runtime"] == "listed"
         assert found["daemon_data"] == "listed"
@@ -344,6 +363,7 @@ def test_the_probe_code_is_valid_python() -> None:
             runtime="/x",
             daemon_data="/x",
             other_home="/x",
+            other_kernel=("192.0.2.2", 1),
             system_files=["/x"],
             daemon_file="/x",
             forks=2,
