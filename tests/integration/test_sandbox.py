@@ -317,13 +317,13 @@ async def test_output_through_the_gateway(sandbox_daemon: Daemon, nothing_left: 
         result = await asyncio.wait_for(
             client.execute(
                 kernel_id,
-                "import os, sys\nfor i in range(5000): print(i, flush=True)\n"
+                "import os, sys\nfor i in range(20000): print(i, flush=True)\n"
                 "print('to stderr', file=sys.stderr)\nos.getpid()",
             ),
             seconds(180),
         )
         assert result.ok, result.error
-        assert result.stdout == "".join(f"{i}\n" for i in range(5000))
+        assert result.stdout == "".join(f"{i}\n" for i in range(20000))
         assert result.stderr == "to stderr\n"
         assert result.outputs[-1]["data"]["text/plain"] == "2"
         text = await client.transcript_text(kernel_id, parent=result.msg_id)
