@@ -194,7 +194,11 @@ class Services:
                 return
             raise
         except Exception as error:
-            raise KernelStartFailed(start_failure(error)) from error
+            # As jupyter_server's own WebSocket does (its kernel manager, unlike the
+            # gateway's StreamMappingKernelManager, leaves the model as it was).
+            kernel.execution_state = "dead"
+            kernel.reason = start_failure(error)
+            raise KernelStartFailed(kernel.reason) from error
 
     async def known(self, kernel_id: str) -> bool:
         """Whether ``kernel_id`` is a kernel the gateway runs; while the kernels an earlier

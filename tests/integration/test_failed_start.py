@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
+from traitlets.config import Config
 
 from ..timing import seconds
 from .daemon import Daemon
@@ -97,3 +98,52 @@ async def test_a_kernel_whose_start_fails_answers_the_start_with_the_reason(
     assert body["reason"] == "kernel_start_failed", body
     assert "no-such-python" in body["message"], body
     assert await daemon.fetch("/api/kernels") == []
+
+
+@pytest.fixture
+def jp_server_config(transcript_path: str) -> Config:
+    """``jupyter server`` with the extension and jupyter_server's own kernel manager, pending
+    kernels on (jupyter_server's ``test_create_bad_pending``)."""
+    return Config(
+        {
+            "ServerApp": {"jpserver_extensions": {"kernel_gateway_stream": True}},
+            "SQLiteTranscriptStore": {"path": transcript_path},
+            "AsyncMappingKernelManager": {"use_pending_kernels": True},
+        }
+    )
+
+
+async def test_under_jupyter_server_a_failed_pending_start_is_dead_once_a_client_asks(
+    jp_fetch: Any,
+    jp_data_dir: Path,
+    jp_http_port: int,
+    jp_auth_header: dict[str, str],
+    jp_base_url: str,
+) -> None:
+    """jupyter_server's own kernel manager leaves a failed pending start's model as it was;
+    its WebSocket marks it ``dead`` with the reason when it finds the failure. The gateway's
+    channels WebSocket does the same (jupyter_server's ``test_create_bad_pending``, which
+    failed with the extension: the model stayed ``starting``)."""
+    spec = jp_data_dir / "kernels" / BROKEN
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": ["no-such-python"], "display_name": "Broken", "language": "python"})
+    )
+    body = {"path": "nb.ipynb", "type": "notebook", "name": "nb.ipynb", "kernel": {"name": BROKEN}}
+    session = json.loads(
+        (await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))).body
+    )
+    kernel_id = session["kernel"]["id"]
+    request = HTTPRequest(
+        f"ws://127.0.0.1:{jp_http_port}{jp_base_url.rstrip('/')}/api/kernels/{kernel_id}/channels",
+        headers=jp_auth_header,
+        request_timeout=seconds(30),
+    )
+    with pytest.raises(HTTPClientError) as error:
+        await websocket_connect(request)
+    assert error.value.code == 500
+    [listed] = json.loads((await jp_fetch("api", "sessions")).body)
+    assert listed["kernel"]["execution_state"] == "dead"
+    model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
+    assert model["execution_state"] == "dead"
+    assert "no-such-python" in model["reason"], model
