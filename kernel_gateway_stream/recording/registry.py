@@ -391,9 +391,12 @@ class RecorderRegistry(LoggingConfigurable):
     async def on_kernel_action(self, logger: Any, schema_id: str, data: dict[str, Any]) -> None:
         """jupyter_events listener for jupyter_server's kernel_actions events."""
         kernel_id = data.get("kernel_id")
+        action = data.get("action")
+        if data.get("status") == "error" and action == "start" and kernel_id:
+            self._start_failed(kernel_id, str(data.get("msg") or ""))
+            return
         if data.get("status") != "success" or not kernel_id:
             return
-        action = data.get("action")
         if action == "start":
             await self._ensure_logged(kernel_id)
         elif action == "shutdown":
@@ -403,6 +406,17 @@ class RecorderRegistry(LoggingConfigurable):
             if tap is not None:
                 tap.restarted()
                 self.remember(kernel_id)
+
+    def _start_failed(self, kernel_id: str, message: str) -> None:
+        """A pending kernel whose start failed is ``dead`` with the reason at once, whichever
+        kernel manager runs it (jupyter_server's own marks it only when its WebSocket finds
+        the failure)."""
+        if kernel_id not in self.kernel_manager:
+            return
+        kernel = self.kernel_manager.get_kernel(kernel_id)
+        if getattr(kernel, "execution_state", None) != "dead":
+            kernel.execution_state = "dead"
+            kernel.reason = (message.strip() or "the kernel's start failed")[:500]
 
     async def reconcile(self) -> None:
         running = set(self.kernel_manager.list_kernel_ids())

@@ -147,3 +147,25 @@ async def test_under_jupyter_server_a_failed_pending_start_is_dead_once_a_client
     model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
     assert model["execution_state"] == "dead"
     assert "no-such-python" in model["reason"], model
+
+
+async def test_under_jupyter_server_a_failed_pending_start_is_dead_with_no_client(
+    jp_fetch: Any, jp_data_dir: Path
+) -> None:
+    """With no client at all: the start's failure event (jupyter_server's kernel_actions,
+    status ``error``) makes the model ``dead`` with the reason."""
+    spec = jp_data_dir / "kernels" / BROKEN
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": ["no-such-python"], "display_name": "Broken", "language": "python"})
+    )
+    body = json.dumps({"name": BROKEN})
+    kernel_id = json.loads((await jp_fetch("api", "kernels", method="POST", body=body)).body)["id"]
+
+    async def dead() -> bool:
+        model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
+        return bool(model["execution_state"] == "dead")
+
+    await wait_until(dead, "the model says dead", timeout=seconds(10))
+    model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
+    assert "no-such-python" in model["reason"], model
