@@ -398,7 +398,11 @@ class RecorderRegistry(LoggingConfigurable):
         if data.get("status") != "success" or not kernel_id:
             return
         if action == "start":
-            await self._ensure_logged(kernel_id)
+            # jupyter_client emits the start event from inside the kernel's start, before
+            # its multi-kernel manager lists the kernel: wait for the listing (a kernel the
+            # warm pool holds is listed only once handed out, with an event of its own).
+            if await self._until_listed(kernel_id, self.ready_timeout):
+                await self._ensure_logged(kernel_id)
         elif action == "shutdown":
             self.close_tap(kernel_id)
         elif action == "restart":
@@ -406,6 +410,16 @@ class RecorderRegistry(LoggingConfigurable):
             if tap is not None:
                 tap.restarted()
                 self.remember(kernel_id)
+
+    async def _until_listed(self, kernel_id: str, timeout: float) -> bool:
+        """Whether the kernel manager lists ``kernel_id`` within ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while kernel_id not in self.kernel_manager:
+            if loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
     def _start_failed(self, kernel_id: str, message: str) -> None:
         """A pending kernel whose start failed is ``dead`` with the reason at once, whichever
