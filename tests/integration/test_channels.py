@@ -454,9 +454,9 @@ async def test_a_new_kernel_turns_idle_with_no_client_and_its_session_says_so(
     ``starting`` until a client connects; the gateway reads a kernel from its start
     (nudging it with ``kernel_info_request``), so its model goes ``starting`` (or already
     ``idle`` on a quick start) to ``idle`` with nobody connected, never back, and the
-    sessions API says what the kernels API says. (The daemon: under an in-process server
-    with jupyter_server's own kernel manager, see the closing note of the session that
-    added this test.)"""
+    sessions API says what the kernels API says. (On the daemon: behind jupyter_server's
+    own kernel manager a kernel now and then stays ``starting``, a known limit in
+    docs/guarantees.md.)"""
     daemon.start()
     await daemon.wait_ready()
     body = {"path": "a.ipynb", "name": "a.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
