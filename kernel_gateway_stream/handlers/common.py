@@ -37,7 +37,7 @@ from ..core.frames import Frame, SharedMerges
 from ..core.health import ComponentHealth
 from ..core.messages import KernelMessage, load_json_object
 from ..core.subscription import SubscriberQueue
-from ..kernels.base import start_of
+from ..kernels.base import mark_start_failed, start_of
 from ..recording.recorder import KernelRecorder
 from ..recording.registry import RecorderRegistry
 from ..stores.base import TranscriptStore
@@ -196,9 +196,9 @@ class Services:
         except Exception as error:
             # As jupyter_server's own WebSocket does (its kernel manager, unlike the
             # gateway's StreamMappingKernelManager, leaves the model as it was).
-            kernel.execution_state = "dead"
-            kernel.reason = start_failure(error)
-            raise KernelStartFailed(kernel.reason) from error
+            reason = start_failure(error)
+            mark_start_failed(kernel, reason)
+            raise KernelStartFailed(reason) from error
 
     async def known(self, kernel_id: str) -> bool:
         """Whether ``kernel_id`` is a kernel the gateway runs; while the kernels an earlier

@@ -31,6 +31,7 @@ __all__ = [
     "KernelLink",
     "ReplyCallback",
     "death_reason",
+    "mark_start_failed",
     "start_of",
 ]
 
@@ -138,6 +139,13 @@ def start_of(kernel: Any) -> asyncio.Future[Any] | None:
     if isinstance(ready, concurrent.futures.Future):
         return asyncio.wrap_future(ready)
     return None
+
+
+def mark_start_failed(kernel: Any, reason: str) -> None:
+    """What jupyter_server's own WebSocket sets on a kernel manager whose start failed:
+    ``dead``, with the start's error as its reason."""
+    kernel.execution_state = "dead"
+    kernel.reason = reason
 
 
 def death_reason(kernel: Any) -> str:

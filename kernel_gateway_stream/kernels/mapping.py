@@ -30,7 +30,7 @@ from traitlets import HasTraits
 
 from ..core.errors import start_failure
 from .attached import AttachedKernelManager
-from .base import start_of
+from .base import mark_start_failed, start_of
 from .pool import KernelPool
 
 __all__ = ["StreamMappingKernelManager", "until_settled"]
@@ -142,8 +142,7 @@ class StreamMappingKernelManager(AsyncMappingKernelManager):
             try:
                 await asyncio.shield(waited)
             except Exception as error:
-                kernel.execution_state = "dead"
-                kernel.reason = start_failure(error)
+                mark_start_failed(kernel, start_failure(error))
                 self.log.warning("Kernel %s failed to start: %s", kernel_id, kernel.reason)
                 return
         await super()._finish_kernel_start(kernel_id)

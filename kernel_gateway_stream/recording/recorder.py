@@ -52,7 +52,7 @@ from ..core.oversize import cut_message
 from ..core.ownership import Action, Event, Ownership, Role
 from ..core.sequencer import Sequencer
 from ..core.upstream_counters import REORDER_WINDOW, missed_while_away
-from ..kernels.base import IOPubSource, KernelLink, death_reason, start_of
+from ..kernels.base import IOPubSource, KernelLink, death_reason, mark_start_failed, start_of
 from ..stores.base import TranscriptStore
 from .activity import ActivityBridge
 from .follower import _FOLLOWED
@@ -340,9 +340,7 @@ class KernelRecorder:
         if started.cancelled() or started.exception() is None or self.closed:
             return
         reason = start_failure(cast(BaseException, started.exception()))
-        # What jupyter_server's own WebSocket sets when it finds the start failed.
-        self.kernel_manager.execution_state = "dead"
-        self.kernel_manager.reason = reason
+        mark_start_failed(self.kernel_manager, reason)
         self.log.warning("Kernel %s failed to start: %s", self.kernel_id, reason)
         self.close("start_failed")
 

@@ -20,7 +20,7 @@ from ..core.errors import UnknownKernel
 from ..core.health import ComponentHealth, State
 from ..core.messages import Record
 from ..core.ownership import Role
-from ..kernels.base import KernelLink
+from ..kernels.base import KernelLink, mark_start_failed
 from ..kernels.links import LinkSettings, describe_link, link_for
 from ..kernels.local import KERNEL_ACTIONS_SCHEMA
 from ..kernels.upstream import UpstreamSettings
@@ -429,8 +429,7 @@ class RecorderRegistry(LoggingConfigurable):
             return
         kernel = self.kernel_manager.get_kernel(kernel_id)
         if getattr(kernel, "execution_state", None) != "dead":
-            kernel.execution_state = "dead"
-            kernel.reason = (message.strip() or "the kernel's start failed")[:500]
+            mark_start_failed(kernel, (message.strip() or "the kernel's start failed")[:500])
 
     async def reconcile(self) -> None:
         running = set(self.kernel_manager.list_kernel_ids())
