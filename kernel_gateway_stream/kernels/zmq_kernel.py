@@ -17,10 +17,11 @@ ZMQ details that matter here:
   reaches it. The source therefore sends ``kernel_info_request`` on a shell socket of its
   own until an IOPub message arrives, and only then is the Tap ready; client connections
   and the execute API wait for that before they send the kernel anything.
-* **No drops.** The SUB socket's receive high-water mark is bounded but large, and a
-  kernel started through the gateway's launcher queues instead of dropping.
-* **A byte budget.** ZMQ bounds its queue in messages, not bytes, so the source reads the
-  socket eagerly into a backlog of its own, bounded in bytes (``backlog_bytes``); what
+* **No drops.** A kernel started through the gateway's launcher queues instead of
+  dropping.
+* **A byte budget.** ZMQ bounds its queue in messages, not bytes, so the socket's own
+  queue is a few messages (:data:`SOCKET_HWM`) and the source reads the socket eagerly
+  into a backlog of its own, bounded in bytes (``backlog_bytes``); what
   arrives while the backlog is full of bytes is not kept: one gap record says how many
   messages it was (``iopub_backlog_full``), in its place in the order. Full by count
   (``receive_hwm`` messages), the source stops reading, as it did without a backlog. A
@@ -98,6 +99,13 @@ BACKLOG_OVERHEAD = 400
 #: Frames from here on (content, buffers) are received without a copy, and kept so when
 #: larger than this: a large message is held once, in libzmq's buffer, until it is cut.
 ZERO_COPY_FROM = 64 * 1024
+#: Messages the IOPub socket itself queues (libzmq's receive high-water mark). ZMQ counts
+#: messages, not bytes, so this is kept small: the source reads eagerly into its backlog,
+#: which is bounded in bytes, and past these few the I/O thread stops reading the
+#: connection (TCP holds the rest, then the kernel: its PUB socket's own queue, or, with
+#: the gateway's launcher, the kernel's memory). 20,000 here let a kernel flooding 8 MiB
+#: messages faster than the gateway could cut them park hundreds of MiB in libzmq.
+SOCKET_HWM = 8
 #: Largest signature frame accepted (a hex HMAC is at most 128 bytes).
 MAX_SIGNATURE = 1024
 #: Allocations from this size on are mmap()ed and unmapped when freed (see memory.py).
@@ -473,7 +481,7 @@ class ZmqIOPubSource:
         # An XSUB, not a SUB: it also sends upstream, what the gateway's launcher is told
         # is durable (see acknowledge()).
         socket = self.link.sockets.context.socket(zmq.XSUB)
-        socket.setsockopt(zmq.RCVHWM, settings.receive_hwm)
+        socket.setsockopt(zmq.RCVHWM, SOCKET_HWM)
         # The kernel's PUB socket drops what it cannot queue for us (1000 messages by
         # default) once the TCP buffers between us are full. A fresh connection starts with
         # a small receive buffer that autotuning grows only later, so a short stall of our

@@ -84,11 +84,12 @@ class RecorderRegistry(LoggingConfigurable):
     iopub_receive_hwm = Int(
         20000,
         config=True,
-        help="Messages each Tap's IOPub socket queues in the gateway before it stops reading "
-        "from the kernel (0: no bound). A kernel started through kernel_gateway_stream's "
-        "launcher then holds the rest itself (its IOPub never drops); other kernels' IOPub "
-        "sockets drop past their own high-water mark (1000 by default), as they would with "
-        "jupyter_server.",
+        help="Messages each Tap holds read from its kernel and not yet recorded before it "
+        "stops reading (0: no bound; their bytes are bounded by iopub_backlog_bytes, and "
+        "the IOPub socket itself queues only a few messages). A kernel started through "
+        "kernel_gateway_stream's launcher then holds the rest itself (its IOPub never "
+        "drops); other kernels' IOPub sockets drop past their own high-water mark (1000 by "
+        "default), as they would with jupyter_server.",
     )
     max_message_bytes = Int(
         8 * 1024 * 1024,

@@ -92,8 +92,8 @@ async def test_a_stalled_client_costs_at_most_its_queue_limit_and_is_closed(
     install_kernelspec(tmp_path)
     daemon.start(
         f"--GatewayStreamApp.subscriber_max_bytes={MAX_BYTES}",
-        # What the Tap's IOPub socket may queue unread (20,000 messages by default, up to
-        # about 40 MiB of this flood) fills only while the daemon is short of CPU, which a
+        # What the Tap may hold read and not yet recorded (20,000 messages by default, up
+        # to about 40 MiB of this flood) fills only while the daemon is short of CPU, which a
         # stalled client's frames make it on a 2-core machine shared with the kernel: a
         # bound of its own (iopub_receive_hwm), not the client's. Small here, so the figure
         # is the client's; the firehose kernel holds the rest (its SNDHWM is 0).
