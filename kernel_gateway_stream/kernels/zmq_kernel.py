@@ -467,6 +467,9 @@ class ZmqIOPubSource:
         self._fd = -1
         self._monitor: ZMQStream | None = None
         self._nudger: asyncio.Task[None] | None = None
+        #: Done once the kernel has published a ``busy`` or ``idle`` status since this
+        #: source connected (None: nobody waits for it).
+        self._answered: asyncio.Future[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -514,36 +517,60 @@ class ZmqIOPubSource:
         self.disconnects += 1
 
     async def _nudge(self, info: dict[str, Any]) -> None:
-        """Send kernel_info_request until IOPub proves the subscription is live."""
+        """Send kernel_info_request until IOPub proves the subscription is live (the sink is
+        ready then) and the kernel has answered one (its model leaves ``starting``).
+
+        The first IOPub message is not the answer: ipykernel 7 welcomes a subscription
+        (``iopub_welcome``) and the gateway's launcher publishes what it held (the kernel's
+        ``starting``) as soon as it binds, before its shell answers, and a kernel that
+        started slowly (a loaded machine) had not yet taken the requests this socket had
+        queued for it when nudging stopped there and closed it: nothing ever took the
+        kernel's model out of ``starting`` while no client connected."""
         shell = self.link.sockets.context.socket(zmq.DEALER)
         shell.setsockopt(zmq.LINGER, 0)
         shell.setsockopt(zmq.SNDTIMEO, 0)  # a full queue raises zmq.Again: see below
         connect(shell, info, "shell")
         ready = self.sink.ready
+        answered = self._answered = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self.settings.ready_timeout
         try:
-            nudges = 0
-            while not ready.done():
+            nudges = after_ready = 0
+            while not (ready.done() and answered.done()):
                 # Never blocking: a DEALER whose queue is full (a kernel that does not read
                 # its shell) would block the event loop, and every kernel and client with it.
                 with contextlib.suppress(zmq.Again):
                     self.session.send(shell, "kernel_info_request")
                 nudges += 1
-                if nudges % RESUBSCRIBE_EVERY == 0:
+                if nudges % RESUBSCRIBE_EVERY == 0 and not ready.done():
                     # Still no IOPub: subscribe again (a subscription the kernel missed is
                     # not sent again by ZMQ until the connection is made anew).
                     self._resubscribe()
+                waited, interval = ready, self.settings.nudge_interval
+                if ready.done():
+                    # Live, not answered yet: a kernel busy with a cell (re-attached) takes
+                    # its shell's requests only after it, so fewer and fewer of them.
+                    waited, interval = answered, interval * 2 ** min(after_ready, 8)
+                    after_ready += 1
                 try:
-                    await asyncio.wait_for(asyncio.shield(ready), self.settings.nudge_interval)
+                    await asyncio.wait_for(asyncio.shield(waited), interval)
                 except asyncio.TimeoutError:
                     if time.monotonic() > deadline:
+                        if ready.done():  # busy with a cell, most likely: not a fault
+                            self.log.info(
+                                "Kernel %s answered no kernel_info_request in %.0f s",
+                                self.kernel_id,
+                                self.settings.ready_timeout,
+                            )
+                            break
                         self.log.warning(
                             "No IOPub message from kernel %s in %.0f s; going on unconfirmed",
                             self.kernel_id,
                             self.settings.ready_timeout,
                         )
                         ready.set_result(None)
+                        break
         finally:
+            self._answered = None
             shell.close(linger=0)
 
     def _resubscribe(self) -> None:
@@ -579,6 +606,8 @@ class ZmqIOPubSource:
                 taken += cost
                 try:
                     message = parts if not isinstance(parts, list) else self._decode(parts)
+                    if self._answered is not None and message is not None:
+                        self._heard(message)
                     if isinstance(message, Replayed):
                         self.sink.record_replayed(message.message)
                     elif message is not None:
@@ -591,6 +620,18 @@ class ZmqIOPubSource:
             if count:
                 self.sink.batch_received()
         return more or bool(backlog)
+
+    def _heard(self, message: KernelMessage | Replayed) -> None:
+        """While nudging: a ``busy`` or ``idle`` status is the kernel's answer."""
+        if isinstance(message, Replayed):
+            message = message.message
+        answered = self._answered
+        if (
+            answered is not None
+            and not answered.done()
+            and message.execution_state in ("busy", "idle")
+        ):
+            answered.set_result(None)
 
     def _pull(self, most: int) -> bool:
         """Move up to ``most`` messages from the socket to the backlog; past the backlog's

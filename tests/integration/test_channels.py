@@ -18,6 +18,7 @@ from tornado.websocket import WebSocketClosedError
 from kernel_gateway_stream.handlers.channels import StreamChannelsConnection
 
 from ..timing import seconds
+from .daemon import Daemon
 from .waits import wait_until
 from .wsclient import Received
 
@@ -444,6 +445,43 @@ async def test_the_tap_keeps_kernel_activity_for_the_kernels_api(
     assert after["last_activity"] > before["last_activity"]
     kernel = jp_serverapp.kernel_manager.get_kernel(kernel_id)
     assert getattr(kernel, "_activity_stream", None) is None
+
+
+async def test_a_new_kernel_turns_idle_with_no_client_and_its_session_says_so(
+    daemon: Daemon,
+) -> None:
+    """A deliberate difference (docs/jupyterlab.md): jupyter_server keeps a new kernel
+    ``starting`` until a client connects; the gateway reads a kernel from its start
+    (nudging it with ``kernel_info_request``), so its model goes ``starting`` (or already
+    ``idle`` on a quick start) to ``idle`` with nobody connected, never back, and the
+    sessions API says what the kernels API says. (It failed under load, a slow kernel
+    start, while nudging stopped at the first IOPub message, the kernel's welcome or
+    its held ``starting``, before the kernel had answered a request.)"""
+    daemon.start()
+    await daemon.wait_ready()
+    body = {"path": "a.ipynb", "name": "a.ipynb", "type": "notebook", "kernel": {"name": "python3"}}
+    session = await daemon.fetch("/api/sessions", method="POST", body=json.dumps(body))
+    kernel_id = session["kernel"]["id"]
+    states = [session["kernel"]["execution_state"]]
+
+    async def idle() -> bool:
+        if states[-1] != "idle":
+            states.append((await daemon.fetch(f"/api/kernels/{kernel_id}"))["execution_state"])
+        return states[-1] == "idle"
+
+    await wait_until(idle, "the new kernel's model to turn idle with no client", 60)
+    assert model_sequence(states) in (["starting", "idle"], ["idle"]), states
+    model = await daemon.fetch(f"/api/kernels/{kernel_id}")
+    assert model["connections"] == 0
+    [listed] = await daemon.fetch("/api/sessions")
+    assert listed["kernel"]["execution_state"] == "idle"
+    await asyncio.sleep(0.5)  # no later status takes it back to starting
+    assert (await daemon.fetch(f"/api/kernels/{kernel_id}"))["execution_state"] == "idle"
+
+
+def model_sequence(states: list[str]) -> list[str]:
+    """``states`` with repeats folded: ``[starting, starting, idle]`` is ``[starting, idle]``."""
+    return [state for index, state in enumerate(states) if index == 0 or states[index - 1] != state]
 
 
 async def test_oversized_inbound_frame_closes_only_its_socket(
