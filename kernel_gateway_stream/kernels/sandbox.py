@@ -53,11 +53,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Int, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Float, Int, List, TraitError, Unicode, default, validate
 
 from .netns import KernelNetwork, NetnsProvisioner, install_netns_kernelspec, namespaces
 from .netns import require_netns_support as _require_root_and_ip
-from .netns_confinement import KernelUser, kernel_environment, mounts_under, require_command
+from .netns_confinement import (
+    KernelUser,
+    kernel_environment,
+    kill_user_processes,
+    mounts_under,
+    require_command,
+)
 
 __all__ = [
     "DEFAULT_DISPLAY_NAME",
@@ -71,6 +77,7 @@ __all__ = [
     "main",
     "missing_for_sandbox",
     "prlimit_arguments",
+    "resident_bytes",
 ]
 
 PROVISIONER_NAME = "sandbox-provisioner"
@@ -266,6 +273,49 @@ def mount_storage(user: KernelUser, size: int) -> str:
     return storage
 
 
+def resident_bytes(root: int) -> int:
+    """Bytes resident in memory in ``root`` and every process below it (``VmRSS`` of
+    ``/proc/<pid>/status``). The provisioner's process is bwrap: what the kernel starts
+    stays below it, a process whose parent ends included (it goes to bwrap's init, the
+    first process of the kernel's PID namespace). Not summed by the kernel's user: a user
+    is its subnet's, and a process of the subnet's last kernel that is not gone yet, or
+    any process given that uid, would count against this kernel."""
+    total = 0
+    pending, seen = [root], set()
+    while pending:
+        pid = pending.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/status", "rb") as status:
+                for line in status.read().splitlines():
+                    if line.startswith(b"VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue  # gone meanwhile
+        pending.extend(_all_children(pid))
+    return total
+
+
+def _all_children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (a child is listed under the thread that
+    started it)."""
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                children.extend(int(child) for child in file.read().split())
+        except OSError:
+            continue
+    return children
+
+
 def _children(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as file:
@@ -345,6 +395,22 @@ class SandboxProvisioner(NetnsProvisioner):
         help="File descriptors each process of the kernel may hold (RLIMIT_NOFILE). "
         "0: as the gateway's.",
     )
+    kernel_memory_limit = Int(
+        0,
+        config=True,
+        help="Bytes of memory the kernel's processes may hold resident together (the sum "
+        "of VmRSS over the sandbox's process tree, checked every memory_check_interval); "
+        "past it "
+        "the kernel is killed: its execution ends 'died' with the reason memory_limit, and "
+        "it restarts, as jupyter's restarter does. A limit per kernel where memory_limit is "
+        "per process; cgroups would enforce it in the kernel, this host has none to "
+        "delegate. 0: off.",
+    )
+    memory_check_interval = Float(
+        0.5,
+        config=True,
+        help="Seconds between two sums of a kernel's resident memory (kernel_memory_limit).",
+    )
     storage_size = Int(
         _GIB,
         config=True,
@@ -362,6 +428,11 @@ class SandboxProvisioner(NetnsProvisioner):
         "and token may be. The gateway's state and runtime directories are never bound.",
     )
 
+    #: Why the gateway ended the kernel it runs, if it did (``memory_limit``).
+    _ended_by: str | None = None
+    #: The task that sums the kernel's resident memory (kernel_memory_limit).
+    _memory_watch: asyncio.Task[None] | None = None
+
     @default("exposed_directories")
     def _default_sandbox_exposed_directories(self) -> list[str]:
         package = str(Path(__file__).resolve().parent.parent)
@@ -375,6 +446,7 @@ class SandboxProvisioner(NetnsProvisioner):
 
     @validate(
         "memory_limit",
+        "kernel_memory_limit",
         "cpu_time_limit",
         "process_limit",
         "file_size_limit",
@@ -453,12 +525,49 @@ class SandboxProvisioner(NetnsProvisioner):
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         """As :meth:`.netns.NetnsProvisioner.launch_kernel`, always ``independent``:
         jupyter_client would otherwise hand the kernel ``JPY_PARENT_PID``, a pid of the
-        host's, which in the kernel's PID namespace looks like its parent's death."""
-        return await super().launch_kernel(cmd, **{**kwargs, "independent": True})
+        host's, which in the kernel's PID namespace looks like its parent's death. Then
+        the kernel's memory is watched (:attr:`kernel_memory_limit`)."""
+        info = await super().launch_kernel(cmd, **{**kwargs, "independent": True})
+        self._ended_by = None
+        self._stop_memory_watch()
+        if self.kernel_memory_limit and self.network is not None and self.network.user:
+            self._memory_watch = asyncio.ensure_future(
+                self._watch_memory(self.process, self.network.user)
+            )
+        return info
+
+    async def _watch_memory(self, process: Any, user: KernelUser) -> None:
+        """Kill the kernel once its processes hold more than :attr:`kernel_memory_limit`
+        resident together; until the kernel exits."""
+        while self.process is process and process is not None and process.poll() is None:
+            used = await asyncio.to_thread(resident_bytes, process.pid)
+            if used > self.kernel_memory_limit:
+                self._ended_by = "memory_limit"
+                self.log.warning(
+                    "Kernel %s holds %d MiB, past its limit of %d MiB: killed",
+                    self.kernel_id, used >> 20, self.kernel_memory_limit >> 20,
+                )  # fmt: skip
+                await asyncio.to_thread(kill_user_processes, user)
+                await self.send_signal(signal.SIGKILL)
+                return
+            await asyncio.sleep(self.memory_check_interval)
+
+    def _stop_memory_watch(self) -> None:
+        watch = self._memory_watch
+        if watch is not None:
+            watch.cancel()
+            self._memory_watch = None
+
+    async def cleanup(self, restart: bool = False) -> None:
+        self._stop_memory_watch()
+        await super().cleanup(restart=restart)
 
     def death_reason(self) -> str | None:
-        """Why the kernel's process ended: ``cpu_limit`` if SIGXCPU ended it (bwrap exits
-        with 128 + the signal that ended what it ran), else None (not known)."""
+        """Why the kernel's process ended: ``memory_limit`` if the gateway killed it for
+        its memory, ``cpu_limit`` if SIGXCPU ended it (bwrap exits with 128 + the signal
+        that ended what it ran), else None (not known)."""
+        if self._ended_by is not None:
+            return self._ended_by
         status = self.process.returncode if self.process is not None else None
         if status in (128 + signal.SIGXCPU, -signal.SIGXCPU):
             return "cpu_limit"

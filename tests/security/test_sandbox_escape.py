@@ -49,6 +49,9 @@ pytestmark = pytest.mark.xdist_group("namespaces")
 
 KERNEL_NAME = "python3-sandbox-limited"
 CPU_KERNEL_NAME = "python3-sandbox-cpu"
+MEMORY_KERNEL_NAME = "python3-sandbox-memory"
+#: Resident memory per kernel (kernel_memory_limit): ipykernel holds about 70 MiB.
+KERNEL_MEMORY = 300 * 2**20
 #: Well above what ipykernel's start takes, even on a loaded machine.
 CPU_SECONDS = 8
 PROCESS_LIMIT = 64
@@ -198,6 +201,11 @@ def limited_daemon(nothing_left: test_sandbox.Watched, daemon: Daemon) -> Daemon
     )
     install_sandbox_kernelspec(
         daemon.home / "data" / "kernels", CPU_KERNEL_NAME, config={"cpu_time_limit": CPU_SECONDS}
+    )
+    install_sandbox_kernelspec(
+        daemon.home / "data" / "kernels",
+        MEMORY_KERNEL_NAME,
+        config={"kernel_memory_limit": KERNEL_MEMORY, "memory_check_interval": 0.2},
     )
     return daemon
 
@@ -379,27 +387,63 @@ async def test_a_cpu_hog_is_killed_at_its_cpu_time_limit(
 ) -> None:
     """RLIMIT_CPU (CPU_SECONDS here): SIGXCPU ends the kernel; the gateway reports the execution
     ``died`` and jupyter's restarter starts the kernel again, afresh."""
-    daemon = limited_daemon
+    await killed_and_restarted(
+        limited_daemon, nothing_left, CPU_KERNEL_NAME, "while True: pass", "cpu_limit"
+    )
+
+
+#: Three processes of 120 MiB each: each well under memory_limit (address space, per
+#: process), the kernel's together past kernel_memory_limit.
+MEMORY_HOG = """
+import os, time
+children = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        held = b"x" * (120 * 2**20)
+        time.sleep(600)
+        os._exit(0)
+    children.append(pid)
+held = b"x" * (120 * 2**20)
+time.sleep(600)
+"""
+
+
+async def test_a_kernel_past_its_memory_limit_is_killed_and_reported(
+    limited_daemon: Daemon, nothing_left: test_sandbox.Watched
+) -> None:
+    """kernel_memory_limit (KERNEL_MEMORY here), summed over the kernel's processes: the
+    gateway kills the kernel, reports the execution ``died`` with ``memory_limit``, and
+    jupyter's restarter starts the kernel again, afresh."""
+    await killed_and_restarted(
+        limited_daemon, nothing_left, MEMORY_KERNEL_NAME, MEMORY_HOG, "memory_limit"
+    )
+
+
+async def killed_and_restarted(
+    daemon: Daemon, nothing_left: test_sandbox.Watched, kernel_name: str, code: str, reason: str
+) -> None:
+    """``code`` ends the kernel for ``reason``: said on every surface (the execution, the
+    transcript's mark, the metrics), and the kernel answers again, a new process."""
     daemon.start()
     await daemon.wait_ready()
     async with GatewayClient(daemon.url, TOKEN, request_timeout=seconds(120)) as client:
-        kernel_id = await client.start_kernel(CPU_KERNEL_NAME)
+        kernel_id = await client.start_kernel(kernel_name)
         nothing_left.watch(kernel_id)
         assert (await client.execute(kernel_id, "before = 1")).ok
         with pytest.raises(KernelDied) as died:
-            await client.execute(kernel_id, "while True: pass")
+            await client.execute(kernel_id, code)
         assert isinstance(died.value.result, ExecutionResult)
         assert died.value.result.status == "died"
-        # Why, on every surface: the execution, the transcript's mark, the metrics.
-        assert died.value.result.reason == "cpu_limit"
+        assert died.value.result.reason == reason
         marks = [
             r["content"]
             for r in (await client.transcript(kernel_id, limit=1000))["records"]
             if r["msg_type"] == "status" and r["content"].get("execution_state") == "restarting"
         ]
-        assert [m.get("reason") for m in marks] == ["cpu_limit"], marks
+        assert [m.get("reason") for m in marks] == [reason], marks
         samples = parse(await daemon.fetch("/metrics"))
-        assert value(samples, "kernel_deaths_total", reason="cpu_limit") == 1
+        assert value(samples, "kernel_deaths_total", reason=reason) == 1
         assert value(samples, "kernel_deaths_total", reason="kernel_died") == 0
 
         async def answers_again() -> bool:
