@@ -570,7 +570,8 @@ class ZmqIOPubSource:
                         ready.set_result(None)
                         break
         finally:
-            self._answered = None
+            if self._answered is answered:  # not a later connection's nudging
+                self._answered = None
             shell.close(linger=0)
 
     def _resubscribe(self) -> None:
