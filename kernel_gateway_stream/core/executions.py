@@ -223,8 +223,9 @@ class SummaryBuilder:
       ``interrupted`` (a ``KeyboardInterrupt``) or ``aborted`` (skipped after an earlier
       error: no ``execute_input`` was seen).
     * A lifecycle status (the kernel is gone: restarted, died, shut down) after its start
-      and before its idle ends it: ``died``, or ``aborted`` if it had not started, with the
-      mark's reason. A lifecycle request (a restart or shutdown was asked for) while it
+      and before its idle ends it: ``died`` (once the kernel took it: any record of it,
+      its ``busy`` status alone too), or ``aborted`` if it had not started, with the mark's
+      reason. A lifecycle request (a restart or shutdown was asked for) while it
       ran does not end it (the kernel may still report: ipykernel interrupts the running
       cell when asked to go); the status the kernel reports stands, with the reason.
     * Sent but not seen yet (``sent_after``: the transcript head when it was sent) is
@@ -352,7 +353,9 @@ class SummaryBuilder:
             if mark.message.msg_type == GAP_MSG_TYPE:
                 summary.gaps.append((mark.first_seq, mark.seq))
             elif summary.status in UNFINISHED and is_terminal(mark.message):
-                summary.status = "died" if self._seen_input else "aborted"
+                # Taken by the kernel (its busy for it, if nothing more): it died running
+                # it, whether or not its execute_input was recorded before the end.
+                summary.status = "died" if self._first_seq is not None else "aborted"
                 summary.reason = mark_reason(mark.message)
                 summary.ended = mark.time
                 summary.last_seq = mark.seq

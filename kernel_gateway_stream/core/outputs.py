@@ -352,7 +352,8 @@ class CellRestorer:
                 if execution.first_seq is not None:
                     execution.gaps.append((record.first_seq, record.seq))
                 continue
-            execution.status = "died" if execution._seen_input else "aborted"
+            # Taken by the kernel (its busy for it, if nothing more): it died running it.
+            execution.status = "died" if execution.first_seq is not None else "aborted"
             execution.reason = mark_reason(message)
             execution.last_seq = record.seq
 

@@ -212,6 +212,17 @@ def test_running_queued_died_and_gaps() -> None:
     assert answer[0]["gaps"] == [{"first_seq": 6, "last_seq": 6}]
 
 
+def test_an_execution_the_kernel_took_dies_with_it_before_its_execute_input() -> None:
+    """Its busy recorded, its execute_input not (never sent: the kernel was killed first),
+    then the kernel's end: died, as on the execute API, not aborted."""
+    kernel = Kernel()
+    kernel.request("m1", "a")
+    kernel.add(status("busy", "m1"))
+    kernel.add(lifecycle_status("restarting", "memory_limit", msg_id="x", date="d", session="s"))
+    [answer] = kernel.restore()
+    assert (answer["status"], answer["reason"]) == ("died", "memory_limit")
+
+
 def test_since_answers_only_executions_with_newer_records_or_still_running() -> None:
     kernel = Kernel()
     kernel.run("m1", "a", 1, "a\n")
