@@ -12,7 +12,14 @@
  * 3. An IOPub message whose seq is at or below the highest seen for its pair was already
  *    delivered: it is dropped, so nothing is shown twice (a replay may overlap what a
  *    socket received just before it dropped).
- * 4. After {@link ResumeLedger.maxFailuresWithSince} sockets in a row fail before they
+ * 4. An IOPub message whose msg_id was already delivered for its pair is dropped too, under
+ *    a new seq: a gateway killed after it had sent a message to this page, but before it
+ *    had made it durable, numbers past it when it starts again, and a kernel of its
+ *    launcher publishes that message again (it was never acknowledged as durable). The
+ *    last {@link ResumeLedger.rememberedIds} msg_ids per pair are kept. (A message that
+ *    reached the page merged into another stream message's frame is known by that frame's
+ *    msg_id only.)
+ * 5. After {@link ResumeLedger.maxFailuresWithSince} sockets in a row fail before they
  *    open, the next one goes without `since` (the gateway then resumes by session id):
  *    a `since` the gateway refuses (`400 since_ahead_of_head`, say) must not keep the
  *    notebook disconnected.
@@ -67,6 +74,9 @@ export class ResumeLedger {
   /** Sockets in a row that may fail before opening while asking for `since`. */
   static readonly maxFailuresWithSince = 3;
 
+  /** IOPub msg_ids remembered per pair, the newest (rule 4). */
+  static readonly rememberedIds = 4096;
+
   /**
    * The URL a new socket should open: `url` itself the first time a pair is seen,
    * with `since` when this pair has received a seq before.
@@ -90,8 +100,8 @@ export class ResumeLedger {
   /**
    * Decide whether a received frame reaches JupyterLab, and record its seq if so.
    *
-   * @returns `false` only for an IOPub message whose seq was already received for the
-   *   pair (rule 3).
+   * @returns `false` only for an IOPub message whose seq (rule 3) or msg_id (rule 4) was
+   *   already received for the pair.
    */
   admit(target: ChannelsTarget, frame: FrameSummary): boolean {
     if (frame.channel !== 'iopub' || frame.mark === null) {
@@ -102,6 +112,17 @@ export class ResumeLedger {
       return false;
     }
     entry.lastSeq = frame.mark.seq;
+    const msgId = frame.msgId;
+    if (msgId) {
+      if (entry.ids.has(msgId)) {
+        return false;
+      }
+      entry.ids.add(msgId);
+      if (entry.ids.size > ResumeLedger.rememberedIds) {
+        // A Set iterates in insertion order: the first is the oldest.
+        entry.ids.delete(entry.ids.values().next().value as string);
+      }
+    }
     return true;
   }
 
@@ -124,7 +145,7 @@ export class ResumeLedger {
     const key = keyOf(target);
     let entry = this._entries.get(key);
     if (entry === undefined) {
-      entry = { lastSeq: null, failures: 0 };
+      entry = { lastSeq: null, failures: 0, ids: new Set<string>() };
       this._entries.set(key, entry);
     }
     return entry;
@@ -136,6 +157,8 @@ export class ResumeLedger {
 interface LedgerEntry {
   lastSeq: number | null;
   failures: number;
+  /** The last IOPub msg_ids admitted, oldest first. */
+  ids: Set<string>;
 }
 
 function keyOf(target: ChannelsTarget): string {

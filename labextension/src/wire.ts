@@ -35,6 +35,8 @@ export interface FrameSummary {
   readonly channel: string | null;
   /** The gateway's mark; `null` when the message has none (not IOPub, or no gateway). */
   readonly mark: GatewayMark | null;
+  /** An IOPub message's header msg_id (the kernel's), when it has one. */
+  readonly msgId?: string | null;
 }
 
 const UNREADABLE: FrameSummary = Object.freeze({ channel: null, mark: null });
@@ -91,7 +93,19 @@ function summarizeMessage(message: unknown, channel: string | undefined): FrameS
   if (typeof named !== 'string') {
     return UNREADABLE;
   }
-  return { channel: named, mark: named === 'iopub' ? readMark(message['metadata']) : null };
+  if (named !== 'iopub') {
+    return { channel: named, mark: null };
+  }
+  return { channel: named, mark: readMark(message['metadata']), msgId: readMsgId(message['header']) };
+}
+
+/** The msg_id of a parsed header object, or `null`. */
+function readMsgId(header: unknown): string | null {
+  if (!isObject(header)) {
+    return null;
+  }
+  const msgId = header['msg_id'];
+  return typeof msgId === 'string' && msgId !== '' ? msgId : null;
 }
 
 function summarizeV1(buffer: ArrayBuffer): FrameSummary {
@@ -123,10 +137,15 @@ function summarizeV1(buffer: ArrayBuffer): FrameSummary {
     return { channel, mark: null };
   }
   const metadataBytes = part(3);
-  if (metadataBytes === null) {
+  const headerBytes = part(1);
+  if (metadataBytes === null || headerBytes === null) {
     return UNREADABLE;
   }
-  return { channel, mark: readMark(JSON.parse(decoder.decode(metadataBytes))) };
+  return {
+    channel,
+    mark: readMark(JSON.parse(decoder.decode(metadataBytes))),
+    msgId: readMsgId(JSON.parse(decoder.decode(headerBytes)))
+  };
 }
 
 function summarizeLegacyBinary(buffer: ArrayBuffer): FrameSummary {

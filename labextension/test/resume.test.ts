@@ -71,6 +71,32 @@ describe('ResumeLedger', () => {
     assert.equal(ledger.lastSeq(TARGET_A), 9);
   });
 
+  it('drops an IOPub message whose msg_id was delivered, under a new seq too', () => {
+    // A gateway killed after it sent seq 7 (msg "b") to this page, before it made it
+    // durable, numbers on past a gap when it starts again, and the kernel of its launcher
+    // publishes "b" again: seq 12.
+    const ledger = new ResumeLedger();
+    const frames: Array<[number, string]> = [[6, 'a'], [7, 'b'], [12, 'b'], [13, 'c']];
+    const delivered = frames.filter(([seq, msgId]) =>
+      ledger.admit(TARGET_A, { ...marked(seq), msgId })
+    );
+    assert.deepEqual(delivered, [[6, 'a'], [7, 'b'], [13, 'c']]);
+    assert.equal(ledger.lastSeq(TARGET_A), 13);
+    // Per pair: another session of the kernel gets its own copy.
+    assert.ok(ledger.admit({ kernelId: 'k-1', sessionId: 's-2' }, { ...marked(12), msgId: 'b' }));
+  });
+
+  it('remembers the newest msg_ids only', () => {
+    const ledger = new ResumeLedger();
+    const most = ResumeLedger.rememberedIds;
+    for (let seq = 1; seq <= most + 1; seq++) {
+      assert.ok(ledger.admit(TARGET_A, { ...marked(seq), msgId: `m${seq}` }));
+    }
+    // m1 was forgotten (the oldest), m2 is still known.
+    assert.ok(ledger.admit(TARGET_A, { ...marked(most + 2), msgId: 'm1' }));
+    assert.ok(!ledger.admit(TARGET_A, { ...marked(most + 3), msgId: 'm3' }));
+  });
+
   it('delivers everything without a seq: replies, unmarked IOPub', () => {
     const ledger = new ResumeLedger();
     ledger.admit(TARGET_A, marked(50));

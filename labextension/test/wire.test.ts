@@ -10,7 +10,7 @@ const stream = (seq: number | null, first?: number) =>
 describe('summarizeFrame', () => {
   it('reads the seq and first_seq of a v1 IOPub frame', () => {
     const summary = summarizeFrame(v1Frame(stream(42, 30)), V1_PROTOCOL);
-    assert.deepEqual(summary, { channel: 'iopub', mark: { seq: 42, firstSeq: 30 } });
+    assert.deepEqual(summary, { channel: 'iopub', mark: { seq: 42, firstSeq: 30 }, msgId: 'm42' });
   });
 
   it('reads a v1 frame with binary buffers after the content', () => {
@@ -46,12 +46,16 @@ describe('summarizeFrame', () => {
     assert.deepEqual(summarizeFrame(jsonFrame(stream(9, 8)), '').mark, { seq: 9, firstSeq: 8 });
     const binary = legacyBinaryFrame(stream(11), [new Uint8Array([1, 2, 3])]);
     assert.deepEqual(summarizeFrame(binary, '').mark, { seq: 11, firstSeq: 11 });
+    // The header's msg_id too: a message published again comes back under a new seq.
+    assert.equal(summarizeFrame(jsonFrame(stream(9, 8)), '').msgId, 'm9');
+    assert.equal(summarizeFrame(binary, '').msgId, 'm11');
   });
 
   it('finds no mark in IOPub messages without one (a server without the gateway)', () => {
     assert.deepEqual(summarizeFrame(v1Frame(stream(null)), V1_PROTOCOL), {
       channel: 'iopub',
-      mark: null
+      mark: null,
+      msgId: 'mnull'
     });
   });
 
