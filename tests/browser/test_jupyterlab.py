@@ -774,7 +774,14 @@ async def test_widgets_are_live_before_and_after_a_reload(shared_lab: Lab, saved
     readout, label = ".widget-readout", ".widget-label"
     async with lab_page(f"widgets-{kind}") as (page, errors):
         sent: list[str | bytes] = []
-        page.on("websocket", lambda ws: ws.on("framesent", lambda frame: sent.append(frame)))
+        received: list[str | bytes] = []  # to tell, should the last check fail, whether
+        # the page got its subshells' create_subshell_reply
+
+        def watch(ws: Any) -> None:
+            ws.on("framesent", lambda frame: sent.append(frame))
+            ws.on("framereceived", lambda frame: received.append(frame))
+
+        page.on("websocket", watch)
         await open_notebook(page, shared_lab.url, name)
         for index in range(4):
             await run_cell(page, index)
@@ -809,6 +816,9 @@ async def test_widgets_are_live_before_and_after_a_reload(shared_lab: Lab, saved
         await until("the slider moved by the kernel to 7", widget_says(page, 0, readout, "7"))
         # A comm sent before its subshell exists goes to the main shell (JupyterLab creates
         # the subshell as the comm opens, and does not wait): by now they go over one.
-        assert comm_subshells(sent), f"no comm over a subshell: {sent_kinds(sent)}"
+        assert comm_subshells(sent), (
+            f"no comm over a subshell: sent {sent_kinds(sent)}, "
+            f"received {[kind for kind in sent_kinds(received) if 'subshell' in kind[0]]}"
+        )
         assert not errors, errors
     await shared_lab.shutdown_kernel(name)
