@@ -302,23 +302,17 @@ def resident_bytes(root: int) -> int:
 def _all_children(pid: int) -> list[int]:
     """The children of every thread of ``pid`` (a child is listed under the thread that
     started it)."""
-    children: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return children
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as file:
-                children.extend(int(child) for child in file.read().split())
-        except OSError:
-            continue
-    return children
+        return []
+    return [child for task in tasks for child in _children(pid, int(task))]
 
 
-def _children(pid: int) -> list[int]:
+def _children(pid: int, task: int | None = None) -> list[int]:
+    """The children that thread ``task`` (by default the main one) of ``pid`` started."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as file:
+        with open(f"/proc/{pid}/task/{pid if task is None else task}/children") as file:
             return [int(child) for child in file.read().split()]
     except OSError:
         return []
@@ -400,8 +394,8 @@ class SandboxProvisioner(NetnsProvisioner):
         config=True,
         help="Bytes of memory the kernel's processes may hold resident together (the sum "
         "of VmRSS over the sandbox's process tree, checked every memory_check_interval); "
-        "past it "
-        "the kernel is killed: its execution ends 'died' with the reason memory_limit, and "
+        "past it the kernel is killed: its execution ends 'died' with the reason "
+        "memory_limit, and "
         "it restarts, as jupyter's restarter does. A limit per kernel where memory_limit is "
         "per process; cgroups would enforce it in the kernel, this host has none to "
         "delegate. 0: off.",
