@@ -112,6 +112,9 @@ MAX_SIGNATURE = 1024
 MMAP_THRESHOLD = 1024 * 1024
 #: Nudges without an IOPub message after which the subscription is sent again.
 RESUBSCRIBE_EVERY = 8
+#: Once IOPub is live and the kernel has not answered yet, how many more requests a Tap sends
+#: at most in ``ready_timeout`` (one every ``ready_timeout / READY_NUDGES``).
+READY_NUDGES = 4
 #: What an XSUB sends to subscribe to everything, and to unsubscribe.
 SUBSCRIBE_ALL, UNSUBSCRIBE_ALL = b"\x01", b"\x00"
 #: Reason of the gap record for messages a full backlog could not keep.
@@ -534,7 +537,7 @@ class ZmqIOPubSource:
         answered = self._answered = asyncio.get_running_loop().create_future()
         deadline = time.monotonic() + self.settings.ready_timeout
         try:
-            nudges = after_ready = 0
+            nudges = 0
             while not (ready.done() and answered.done()):
                 # Never blocking: a DEALER whose queue is full (a kernel that does not read
                 # its shell) would block the event loop, and every kernel and client with it.
@@ -547,10 +550,14 @@ class ZmqIOPubSource:
                     self._resubscribe()
                 waited, interval = ready, self.settings.nudge_interval
                 if ready.done():
-                    # Live, not answered yet: a kernel busy with a cell (re-attached) takes
-                    # its shell's requests only after it, so fewer and fewer of them.
-                    waited, interval = answered, interval * 2 ** min(after_ready, 8)
-                    after_ready += 1
+                    # Live, not answered yet: a kernel busy with a cell (re-attached, taken
+                    # over mid-flood) takes its shell's requests only after it, and answers
+                    # every one queued by then, each with a busy and an idle that go in
+                    # its transcript. The requests already sent wait in this socket or the
+                    # kernel's until then: send one more only now and then, in case one
+                    # was lost.
+                    waited = answered
+                    interval = max(interval, self.settings.ready_timeout / READY_NUDGES)
                 try:
                     await asyncio.wait_for(asyncio.shield(waited), interval)
                 except asyncio.TimeoutError:
