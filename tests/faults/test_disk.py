@@ -112,6 +112,13 @@ async def test_a_full_disk_keeps_live_output_bounds_memory_and_marks_the_gap(
     daemon.start(
         f"--SQLiteTranscriptStore.path={database}",
         f"--SQLiteTranscriptStore.max_pending_bytes={16 * MiB}",
+        # What the Tap has read and not yet recorded is bounded apart (20,000 messages by
+        # default; tests/security/test_memory_bounds.py), and how full it gets depends on
+        # how fast the kernel runs beside the daemon: measured, 2,000 messages (3 MiB) at
+        # most in the healthy flood, 6,500 (10 MiB) in the failing one, whose writer thread
+        # leaves the kernel more CPU. A small bound keeps that out of what this measures,
+        # the store's own cost; the firehose kernel holds the rest (it never drops).
+        "--RecorderRegistry.iopub_receive_hwm=1000",
         env={"JUPYTER_PATH": str(tmp_path)},
     )
     await daemon.wait_ready()
