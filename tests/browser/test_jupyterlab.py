@@ -30,6 +30,9 @@ from typing import Any
 import pytest
 from tornado.httpclient import AsyncHTTPClient
 
+from kernel_gateway_stream.core.errors import GatewayStreamError
+from kernel_gateway_stream.core.wire import decode_v1
+
 from ..integration.daemon import free_port
 from ..timing import seconds
 from .test_live_page import ARTIFACTS, CHROMIUM, chromium
@@ -753,6 +756,46 @@ def sent_kinds(frames: list[str | bytes]) -> list[tuple[str, str | None]]:
     return kinds
 
 
+def frame_message(frame: str | bytes) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """``(channel, header, parent_header)`` of a frame the page sent or received, in either
+    of JupyterLab's protocols (JSON text, or binary ``v1``); None if it is not a message."""
+    try:
+        if isinstance(frame, str):
+            message = json.loads(frame)
+            return message["channel"], message["header"], message["parent_header"] or {}
+        channel, parts = decode_v1(frame)
+        return channel, json.loads(parts[0]), json.loads(parts[1] or b"{}")
+    except (GatewayStreamError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def subshell_story(sent: list[str | bytes], received: list[str | bytes]) -> list[str]:
+    """For each ``create_subshell_request`` the page sent: the replies it received to it
+    (their channel and subshell) and the statuses its parent had on IOPub."""
+    requests = []
+    for frame in sent:
+        message = frame_message(frame)
+        if message is not None and message[1].get("msg_type") == "create_subshell_request":
+            requests.append(message[1]["msg_id"])
+    story = []
+    for msg_id in requests:
+        heard = []
+        for frame in received:
+            message = frame_message(frame)
+            if message is not None and message[2].get("msg_id") == msg_id:
+                channel, header, _ = message
+                text = frame if isinstance(frame, str) else frame.decode("latin-1")
+                state = re.search(r'"execution_state":\s*"(\w+)"', text)
+                subshell = re.search(r'"subshell_id":\s*"([^"]+)"', text)
+                heard.append(
+                    f"{channel}:{header.get('msg_type')}"
+                    + (f":{state.group(1)}" if state else "")
+                    + (f":{subshell.group(1)[:8]}" if subshell else "")
+                )
+        story.append(f"{msg_id[:8]} -> {heard}")
+    return story
+
+
 async def saved_with_outputs(lab: Lab, name: str) -> bool:
     """Whether notebook ``name``'s file holds outputs of its first cell."""
     document = json.loads((lab.root / name).read_text())
@@ -816,9 +859,11 @@ async def test_widgets_are_live_before_and_after_a_reload(shared_lab: Lab, saved
         await until("the slider moved by the kernel to 7", widget_says(page, 0, readout, "7"))
         # A comm sent before its subshell exists goes to the main shell (JupyterLab creates
         # the subshell as the comm opens, and does not wait): by now they go over one.
+        print(f"subshells ({kind}): sent {sent_kinds(sent)}; {subshell_story(sent, received)}")
         assert comm_subshells(sent), (
-            f"no comm over a subshell: sent {sent_kinds(sent)}, "
-            f"received {[kind for kind in sent_kinds(received) if 'subshell' in kind[0]]}"
+            f"no comm over a subshell: sent {sent_kinds(sent)}; "
+            f"each create_subshell_request and what the page received to it: "
+            f"{subshell_story(sent, received)}"
         )
         assert not errors, errors
     await shared_lab.shutdown_kernel(name)
