@@ -367,6 +367,8 @@ class ZmqChannels:
         self.handshaken = False
         self.streams: dict[str, ZMQStream] = {}
         self._monitor: ZMQStream | None = None
+        #: A read of every socket is scheduled (see :meth:`send`).
+        self._catching_up = False
         info = link.connection_info()
         for channel in CHANNELS:
             socket = link.sockets.context.socket(zmq.DEALER)
@@ -410,10 +412,26 @@ class ZmqChannels:
     def send(self, channel: str, parts: list[bytes]) -> None:
         """Send ``[header, parent, metadata, content, *buffers]``, signed, on ``channel``.
         Straight to the socket, not through ZMQStream's send queue, which a close right
-        after would discard."""
+        after would discard.
+
+        A send takes the edge of the socket's notification fd: a reply that came in
+        meanwhile is queued in the socket with the fd quiet, and the stream, woken only by
+        the fd, never read it, nor any reply after it (JupyterLab then waited for ever for
+        a create_subshell_reply, or a history_reply). So the stream reads what is queued
+        once the send is done, as ZMQStream does after its own sends."""
         stream = self.streams.get(channel)
         if stream is not None and not stream.closed():
             stream.socket.send_multipart([DELIMITER, self.link.signer.sign(parts), *parts])
+            if not self._catching_up:
+                self._catching_up = True
+                asyncio.get_running_loop().call_soon(self._catch_up)
+
+    def _catch_up(self) -> None:
+        """Deliver the replies queued in the sockets (see :meth:`send`)."""
+        self._catching_up = False
+        for stream in self.streams.values():
+            if not stream.closed():
+                stream.flush(zmq.POLLIN)
 
     @property
     def closed(self) -> bool:

@@ -859,7 +859,11 @@ async def test_widgets_are_live_before_and_after_a_reload(shared_lab: Lab, saved
         await until("the slider moved by the kernel to 7", widget_says(page, 0, readout, "7"))
         # A comm sent before its subshell exists goes to the main shell (JupyterLab creates
         # the subshell as the comm opens, and does not wait): by now they go over one.
-        print(f"subshells ({kind}): sent {sent_kinds(sent)}; {subshell_story(sent, received)}")
+        story = subshell_story(sent, received)
+        print(f"subshells ({kind}): sent {sent_kinds(sent)}; {story}")
+        # Each create_subshell_request had its reply (one in four page loads missed some:
+        # the channels' sockets stalled, tests/integration/test_channel_replies.py).
+        assert all("create_subshell_reply" in line for line in story), story
         assert comm_subshells(sent), (
             f"no comm over a subshell: sent {sent_kinds(sent)}; "
             f"each create_subshell_request and what the page received to it: "
