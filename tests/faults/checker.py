@@ -385,23 +385,23 @@ def _check_loss(
                     )
 
 
-def _end_moments(transcript: History, bursts: Sequence[Burst], flood: set[str]) -> dict[str, float]:
-    """When each burst's end was lost: when the gap of the transcript between its last
-    line and the next burst's first (where its ``idle`` would be) that says the most was
-    lost was recorded, else when it ended."""
+def _end_gaps(
+    transcript: History, bursts: Sequence[Burst], flood: set[str]
+) -> dict[str, Gap | None]:
+    """For each burst, the gap of the transcript between its last line and the next
+    burst's first (where its ``idle`` would be) that says the most was lost, if any."""
     got = _flood_lines(transcript, flood)
     present = sorted(got.where)
     gaps = [event for event in transcript.events if isinstance(event, Gap)]
-    moments = {}
+    found: dict[str, Gap | None] = {}
     for burst in bursts:
         index = bisect.bisect_left(present, burst.end_line)
         below = got.where[present[index - 1]][1] if index > 0 else 0
         above = got.where[present[index]][0] if index < len(present) else 1 << 62
         covering = [gap for gap in gaps if gap.last_seq > below and gap.first_seq < above]
         # Of several, the one that says the most was lost (as for lines, above).
-        widest = max(covering, key=lambda gap: gap.stated, default=None)
-        moments[burst.msg_id] = burst.ended if widest is None else widest.at
-    return moments
+        found[burst.msg_id] = max(covering, key=lambda gap: gap.stated, default=None)
+    return found
 
 
 def _ended(history: History) -> set[str]:
@@ -484,11 +484,23 @@ def check(
         _check_loss(client, expected, flood, timeline, report, durable=False)
     ended = _ended(transcript)
     ended_on = [_ended(client) for client in clients]
-    moments = _end_moments(transcript, bursts, flood)
+    end_gaps = _end_gaps(transcript, bursts, flood)
     for burst in bursts:
-        kind = timeline.kind_at(moments[burst.msg_id])
+        gap = end_gaps[burst.msg_id]
+        kind = timeline.kind_at(burst.ended if gap is None else gap.at)
         if burst.msg_id not in ended:
-            report.add(kind, "never_ended", example=f"{burst.msg_id} has no idle in the transcript")
+            where = (
+                "no gap where it would be"
+                if gap is None
+                else f"inside the {gap.reason} gap {gap.first_seq}-{gap.last_seq}"
+                f" (lost {gap.lost}) recorded at {gap.at:.3f}"
+            )
+            report.add(
+                kind,
+                "never_ended",
+                example=f"{burst.msg_id} (lines {burst.first_line}-{burst.end_line - 1}, ended"
+                f" at {burst.ended:.3f}) has no idle in the transcript: {where}",
+            )
         report.add(kind, "never_ended_on_clients", sum(burst.msg_id not in e for e in ended_on))
     _check_health(health, outages, grace, report)
     return report
