@@ -740,6 +740,13 @@ class GatewayStreamApp(ExtensionApp):
         metrics.collector().remove(self.services)
         if hasattr(self, "_metrics_server"):
             self._metrics_server.stop()
+        # The warm pool's kernels go now: jupyter_server shuts kernels down after this only
+        # when its kernel manager is truthy, and a MultiKernelManager is as long as its
+        # list of kernels, so with none listed (only pooled ones) it never did, and they
+        # outlived the gateway.
+        pool = getattr(getattr(self.serverapp, "kernel_manager", None), "pool", None)
+        if pool is not None:
+            await pool.close()
         if self.cluster is not None:
             await self.cluster.stop()
             # The kernels this node records go to the others, running: the server's

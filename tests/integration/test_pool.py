@@ -101,6 +101,7 @@ async def test_pooled_kernels_a_sigkill_left_are_stopped_at_the_next_start(
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGKILL)  # the gateway alone
     daemon.process.wait()
+    started: list[dict[str, Any]] = []
     try:
         assert running(left)  # it outlived the gateway, as every kernel of the gateway does
         daemon.start(pool_option({"python3": 1}))
@@ -108,11 +109,19 @@ async def test_pooled_kernels_a_sigkill_left_are_stopped_at_the_next_start(
         await wait_until(lambda: not running(left), "the pooled kernel left by the crash to go")
         assert not Path(left["connection_file"]).exists()
         await until_ready(daemon, "python3", 1)
-        [fresh] = pooled_kernels(daemon)
+        [fresh] = started = pooled_kernels(daemon)
         assert fresh["kernel_id"] != left["kernel_id"]
         # The crashed run's kernel was never handed out: nobody sees it.
         assert await daemon.fetch("/api/kernels") == []
+        # With no kernel listed, the pool's own go with the gateway too (jupyter_server
+        # shuts kernels down only if its kernel manager is truthy, which an empty
+        # MultiKernelManager is not: they outlived every such stop).
+        daemon.stop()
+        assert daemon.process is not None
+        assert daemon.process.returncode == 0
+        await wait_until(lambda: not running(fresh), "the pooled kernel to go with the gateway")
     finally:
-        if running(left):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(left["pgid"] or left["pid"], signal.SIGKILL)
+        for kernel in (left, *started):
+            if running(kernel):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(kernel["pgid"] or kernel["pid"], signal.SIGKILL)
