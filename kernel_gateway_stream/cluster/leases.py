@@ -361,13 +361,17 @@ class LeaseMap:
         # out, but its writer must never land one of them after this gap).
         last = max(int(reserved or 0), head + 1, self.store.forsaken_head(kernel_id))
         kept: list[Record] = []
-        if head < seen:
-            # Redis lost what this node had seen: the execution ends it kept of that (read
-            # off the record bus) go back at their seqs, between store_lost gaps.
+        # Ends this node keeps past what Redis has: read off the record bus, or handed
+        # over by the last owner (written by it, then lost with Redis's data).
+        ends = self.store.ends_since(kernel_id, head, 1 << 62)
+        top = max(seen, ends[-1].seq if ends else 0)
+        if head < top:
+            # Redis lost what this node had seen, or what the last owner wrote: the
+            # execution ends kept of that go back at their seqs, between store_lost gaps.
             reason = "store_lost"
-            last = max(last, seen + max(self.store.reserve_ahead, 1))
-            kept = self._kept_and_lost(kernel_id, head, seen, reason)
-            head = seen
+            last = max(last, top + max(self.store.reserve_ahead, 1))
+            kept = self._kept_and_lost(kernel_id, head, top, reason)
+            head = top
         now = time.time()
         gap = gap_record(kernel_id, head + 1, last, reason, now=now, date=iso_date(now))
         await self.store.append_now(kernel_id, [*kept, gap], lease, known=0)

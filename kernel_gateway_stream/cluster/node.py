@@ -448,6 +448,18 @@ class ClusterNode(LoggingConfigurable):
             self._store_lost("its incarnation key was gone (restarted empty, or flushed)")
             for kernel_id in self.leases.held():
                 self.leases.lost.setdefault(kernel_id, 0)
+            for tap in self.followers():
+                await self._hand_ends(tap.kernel_id)
+
+    async def _hand_ends(self, kernel_id: str) -> None:
+        """Redis lost its data and this node does not record ``kernel_id``: the execution
+        ends it keeps go where the node that covers the loss finds them."""
+        handed = await self.store.hand_ends(kernel_id)
+        if handed:
+            self.log.warning(
+                "Kernel %s: handed %d execution ends this node kept to its next owner",
+                kernel_id, handed, extra={"kernel_id": kernel_id},
+            )  # fmt: skip
 
     def _store_lost(self, why: str) -> None:
         """Redis lost data: health says so for :attr:`store_loss_notice` seconds."""
@@ -466,8 +478,11 @@ class ClusterNode(LoggingConfigurable):
         if value is None:
             self.leases.lost.pop(kernel_id, None)
             self._lost(kernel_id, "another node took its lease after Redis lost it")
+            await self._hand_ends(kernel_id)
             return
         self.leases.hold(kernel_id, value)
+        # With those another node handed over (it wrote or read some this node did not).
+        await self.store.load_ends(kernel_id)
         gaps = await self.leases.cover_loss(kernel_id, value, known)
         if gaps:
             self._store_lost(f"it no longer had records this node wrote (kernel {kernel_id})")
@@ -560,6 +575,9 @@ class ClusterNode(LoggingConfigurable):
         self._missing.pop(kernel_id, None)
         seen = tap.head
         await self.catch_up(tap)
+        # The ends the last owner, or another follower, handed over when Redis lost its
+        # data: written back with the gap, their executions end.
+        await self.store.load_ends(kernel_id)
         gap = await self.leases.take_over(kernel_id, value, "owner_lost", seen)
         self._after_hand_over(kernel_id)
         if gap is not None:

@@ -9,6 +9,9 @@ Keys, all of one kernel in one hash slot (``{kernel_id}`` is a Redis Cluster has
     <prefix>{K}:ends     stream: the execution ends again (execute_input, error, idle
                          status, lifecycle statuses), the last ENDS_MAXLEN: what a
                          node keeps in memory to write back if Redis loses the log
+    <prefix>{K}:handed_ends  stream: the ends a node that did not hold the lease kept,
+                         put there when Redis lost its data, for the next owner to write
+                         back (:meth:`RedisTranscriptStore.hand_ends`)
     <prefix>{K}:meta     hash: head (last seq written), reserved, started, ended
     <prefix>{K}:lease    string: ``<node>:<token>`` of the node that records the kernel
     <prefix>{K}:fence    counter: the fencing token, one more at every acquisition
@@ -564,8 +567,9 @@ class RedisTranscriptStore(TranscriptStore):
             return
         kept = self._ends.setdefault(kernel_id, deque())
         size = self._ends_bytes.get(kernel_id, 0)
-        if kept and ends[0].seq < kept[0].first_seq:
-            # Older than every one kept (loaded from Redis after the bus brought newer).
+        if kept and ends[0].seq < kept[-1].first_seq:
+            # Some older than one kept (loaded from Redis after the bus brought newer, or
+            # handed over by another node): merged, in seq order, each once.
             merged = sorted({r.seq: r for r in [*ends, *kept]}.values(), key=lambda r: r.seq)
             kept.clear()
             size = 0
@@ -591,19 +595,44 @@ class RedisTranscriptStore(TranscriptStore):
 
     async def load_ends(self, kernel_id: str) -> None:
         """Keep the execution ends Redis has of ``kernel_id`` (its ends stream, the newest
-        first, within :attr:`keep_ends_bytes`): a node that joins a kernel, or starts
-        again, can write back what earlier owners wrote should Redis lose it."""
+        first, within :attr:`keep_ends_bytes`, and those other nodes handed over, see
+        :meth:`hand_ends`): a node that joins a kernel, or starts again, or takes it over,
+        can write back what earlier owners wrote should Redis lose it."""
         if self.keep_ends_bytes <= 0:
             return
-        entries = await self._redis.xrevrange(
-            self.keys.of(kernel_id, "ends"), "+", "-", count=ENDS_MAXLEN
-        )
         records = []
-        for _, fields in reversed(entries):
-            with contextlib.suppress(MalformedMessage):
-                records.append(record_of_entry(kernel_id, fields))
+        for what in ("ends", "handed_ends"):
+            entries = await self._redis.xrevrange(
+                self.keys.of(kernel_id, what), "+", "-", count=ENDS_MAXLEN
+            )
+            for _, fields in entries:
+                with contextlib.suppress(MalformedMessage):
+                    records.append(record_of_entry(kernel_id, fields))
         if records:
-            self.keep_ends(kernel_id, records)
+            self.keep_ends(kernel_id, sorted(records, key=lambda record: record.seq))
+
+    async def hand_ends(self, kernel_id: str) -> int:
+        """Put the execution ends this node keeps of ``kernel_id`` where the node that
+        takes the kernel over finds them (:meth:`load_ends`); how many. For a node that
+        does not hold the kernel's lease when Redis lost its data: the owner that covers
+        the loss writes back only the ends it keeps itself, and those this node wrote
+        before it lost the lease (Redis acknowledged them, the kernel let them go, then
+        Redis lost them) or read off the bus where the owner did not were lost with them:
+        their executions never ended in the transcript. Their own stream, with ids of
+        Redis's choosing: the ends stream's ids are seqs, and the new owner's are past them."""
+        kept = list(self._ends.get(kernel_id, ()))
+        if not kept:
+            return 0
+        key = self.keys.of(kernel_id, "handed_ends")
+        pipe = self._redis.pipeline(transaction=False)
+        for record in kept:
+            _, data, parent, parent_id, parent_type, _ = _record_args(record)
+            fields: dict[str, bytes | str | int] = {"r": data}
+            if parent:
+                fields.update(p=parent, pi=parent_id, pt=parent_type)
+            pipe.xadd(key, fields, maxlen=ENDS_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        await pipe.execute()
+        return len(kept)
 
     def forget_ends(self, kernel_id: str) -> None:
         self._ends.pop(kernel_id, None)

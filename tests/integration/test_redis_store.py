@@ -225,7 +225,7 @@ async def forget_kernel(store: RedisTranscriptStore, kernel_id: str) -> None:
     """What a Redis restarted empty has of ``kernel_id``: nothing (its keys deleted)."""
     keys = [
         store.keys.of(kernel_id, what)
-        for what in ("log", "marks", "ends", "meta", "lease", "fence", "cursors")
+        for what in ("log", "marks", "ends", "handed_ends", "meta", "lease", "fence", "cursors")
     ]
     await store.redis.delete(*keys)
 
@@ -435,6 +435,58 @@ async def test_a_follower_keeps_the_ends_it_reads_off_the_bus_and_writes_them_ba
         reading.cancel()  # as the node stops it: a blocking read may hold on to it
         await asyncio.wait([reading], timeout=2)
         await bus.close()
+        node_b.close()
+
+
+async def test_the_ends_an_owner_wrote_before_it_lost_its_lease_are_handed_to_the_next(
+    store: RedisTranscriptStore, leases: LeaseMap
+) -> None:
+    """Node b records the kernel and writes two executions; node a follows it but never
+    read them off the bus (Redis went away first). Redis comes back empty and b, which
+    could not renew its lease meanwhile, only follows now: it hands the ends it kept over,
+    and a, taking the kernel over, writes them back at their seqs before its gap. Without
+    it both executions never ended in the transcript (issue 25's 50-fault runs: 4 to 11 a
+    run, each an idle only its earlier owner kept)."""
+    kernel_id = str(uuid.uuid4())
+    node_b = RedisTranscriptStore(url=store.url, key_prefix=store.key_prefix)
+    node_b.open()
+    try:
+        leases_b = LeaseMap(node_b, "b", 30, logging.getLogger(__name__))
+        lease_b = await leases_b.acquire(kernel_id, "b", 30)
+        assert lease_b is not None
+        leases_b.hold(kernel_id, lease_b)
+        records = []
+        for run, first in (("run-1", 1), ("run-2", 5)):
+            records += [
+                reply_record(kernel_id, first, "status", {"execution_state": "busy"}, run),
+                reply_record(kernel_id, first + 1, "execute_input", {"code": "x"}, run),
+                stream_record(kernel_id, first + 2, "out\n"),
+                reply_record(kernel_id, first + 3, "status", {"execution_state": "idle"}, run),
+            ]
+        for record in records:
+            node_b.append(record)
+        assert await node_b.flush(10)
+        assert [r.seq for r in node_b.ends_since(kernel_id, 0, 100)] == [2, 4, 6, 8]
+        await forget_kernel(store, kernel_id)
+        assert await node_b.hand_ends(kernel_id) == 4
+        lease_a = await leases.acquire(kernel_id, "a", 30)
+        assert lease_a is not None
+        store.reserve_ahead = 10
+        await store.load_ends(kernel_id)
+        # a had seen up to seq 1 only.
+        gap = await leases.take_over(kernel_id, lease_a, "owner_lost", seen=1)
+        assert gap is not None
+        assert (gap.first_seq, gap.seq, gap.message.content()["reason"]) == (9, 18, "store_lost")
+        page = await store.read(kernel_id, 0, 100)
+        assert [(r.first_seq, r.seq, r.message.msg_type) for r in page.records] == [
+            (1, 1, GAP_MSG_TYPE), (2, 2, "execute_input"), (3, 3, GAP_MSG_TYPE),
+            (4, 4, "status"), (5, 5, GAP_MSG_TYPE), (6, 6, "execute_input"),
+            (7, 7, GAP_MSG_TYPE), (8, 8, "status"), (9, 18, GAP_MSG_TYPE),
+        ]  # fmt: skip
+        for record in page.records:
+            if record.message.msg_type != GAP_MSG_TYPE:
+                assert record.message.raw_content == records[record.seq - 1].message.raw_content
+    finally:
         node_b.close()
 
 
