@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -254,7 +255,11 @@ async def test_a_slow_reader_pushes_back_and_the_gateway_drops_and_resumes_it(
     reconnects: list[Reconnect] = []
     make_block = "''.join(f'{i:07d}' for i in range(9362)) + '\\n'"  # 65,535 bytes
     block: str = eval(make_block)
-    blocks = 320  # 20 MiB: more than the socket buffers and the gateway's queue hold
+    # More than the socket buffers and the gateway's queue hold: TCP autotuning may grow
+    # the client's receive buffer to tcp_rmem's maximum (32 MiB here; 20 MiB of output
+    # once fitted in, and the client was never dropped), the gateway's send buffer to
+    # tcp_wmem's.
+    blocks = (socket_buffers_max() + 4 * MiB) // len(block) + 1
     code = (
         f"import sys\nblock = {make_block}\n"
         f"for _ in range({blocks}):\n    sys.stdout.write(block)\n    sys.stdout.flush()"
@@ -276,6 +281,21 @@ async def test_a_slow_reader_pushes_back_and_the_gateway_drops_and_resumes_it(
         await reader.shutdown(kernel_id)
     assert any("slow_consumer" in reconnect.reason for reconnect in reconnects), reconnects
     assert "".join(text) == block * blocks
+
+
+MiB = 1024 * 1024
+
+
+def socket_buffers_max() -> int:
+    """The most a TCP connection's two ends buffer here: the receiver's tcp_rmem maximum
+    and the sender's tcp_wmem maximum (16 MiB if they cannot be read)."""
+    total = 0
+    for name in ("tcp_rmem", "tcp_wmem"):
+        try:
+            total += int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
+        except (OSError, IndexError, ValueError):
+            total += 8 * MiB
+    return total
 
 
 async def until_finished(gateway: GatewayClient, kernel_id: str, msg_id: str) -> None:
