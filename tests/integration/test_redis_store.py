@@ -420,14 +420,9 @@ async def test_a_follower_keeps_the_ends_it_reads_off_the_bus_and_writes_them_ba
         # Redis forgets the kernel, and b with it (its lease gone): a, which had seen up to
         # seq 4, takes it over and writes back the ends it kept before its gap.
         await forget_kernel(store, kernel_id)
-        lease_a = await leases.acquire(kernel_id, "a", 30)
-        assert lease_a is not None
-        store.reserve_ahead = 10
-        gap = await leases.take_over(kernel_id, lease_a, "owner_lost", seen=4)
-        assert gap is not None
+        gap, layout = await taken_over_by_a(store, leases, kernel_id, seen=4)
         assert (gap.first_seq, gap.seq, gap.message.content()["reason"]) == (5, 14, "store_lost")
-        page = await store.read(kernel_id, 0, 100)
-        assert [(r.first_seq, r.seq, r.message.msg_type) for r in page.records] == [
+        assert layout == [
             (1, 1, GAP_MSG_TYPE), (2, 2, "execute_input"), (3, 3, GAP_MSG_TYPE),
             (4, 4, "status"), (5, 14, GAP_MSG_TYPE),
         ]  # fmt: skip
@@ -469,25 +464,35 @@ async def test_the_ends_an_owner_wrote_before_it_lost_its_lease_are_handed_to_th
         assert [r.seq for r in node_b.ends_since(kernel_id, 0, 100)] == [2, 4, 6, 8]
         await forget_kernel(store, kernel_id)
         assert await node_b.hand_ends(kernel_id) == 4
-        lease_a = await leases.acquire(kernel_id, "a", 30)
-        assert lease_a is not None
-        store.reserve_ahead = 10
         await store.load_ends(kernel_id)
         # a had seen up to seq 1 only.
-        gap = await leases.take_over(kernel_id, lease_a, "owner_lost", seen=1)
-        assert gap is not None
+        gap, layout = await taken_over_by_a(store, leases, kernel_id, seen=1)
         assert (gap.first_seq, gap.seq, gap.message.content()["reason"]) == (9, 18, "store_lost")
-        page = await store.read(kernel_id, 0, 100)
-        assert [(r.first_seq, r.seq, r.message.msg_type) for r in page.records] == [
+        assert layout == [
             (1, 1, GAP_MSG_TYPE), (2, 2, "execute_input"), (3, 3, GAP_MSG_TYPE),
             (4, 4, "status"), (5, 5, GAP_MSG_TYPE), (6, 6, "execute_input"),
             (7, 7, GAP_MSG_TYPE), (8, 8, "status"), (9, 18, GAP_MSG_TYPE),
         ]  # fmt: skip
+        page = await store.read(kernel_id, 0, 100)
         for record in page.records:
             if record.message.msg_type != GAP_MSG_TYPE:
                 assert record.message.raw_content == records[record.seq - 1].message.raw_content
     finally:
         node_b.close()
+
+
+async def taken_over_by_a(
+    store: RedisTranscriptStore, leases: LeaseMap, kernel_id: str, seen: int
+) -> tuple[Record, list[tuple[int, int, str]]]:
+    """Node a takes the kernel over, having seen up to ``seen`` (``reserve_ahead`` 10):
+    its gap record, and the transcript as ``(first_seq, seq, msg_type)``."""
+    lease_a = await leases.acquire(kernel_id, "a", 30)
+    assert lease_a is not None
+    store.reserve_ahead = 10
+    gap = await leases.take_over(kernel_id, lease_a, "owner_lost", seen=seen)
+    assert gap is not None
+    page = await store.read(kernel_id, 0, 100)
+    return gap, [(r.first_seq, r.seq, r.message.msg_type) for r in page.records]
 
 
 async def wait_for(predicate: Any, timeout: float = 10) -> None:
