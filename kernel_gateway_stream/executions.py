@@ -55,12 +55,15 @@ class KernelExecutor:
         #: The input_request header waiting for an answer, by execution msg_id.
         self.waiting_input: dict[str, dict[str, Any]] = {}
 
-    async def execute(self, code: str, *, allow_stdin: bool, stop_on_error: bool) -> str:
+    async def execute(self, code: str, *, allow_stdin: bool, stop_on_error: bool) -> str | None:
         """Send an execute_request once the Tap sees IOPub and the kernel knows our stdin
         identity (every concurrent first request waits on the same future); returns its
-        msg_id."""
+        msg_id, or None if this executor was closed meanwhile (its kernel restarted: its
+        sockets were the old kernel's, and what was sent on them would go nowhere)."""
         await self.tap.ready
         await asyncio.shield(self.channels.ready)
+        if self.channels.closed:
+            return None
         content = {
             "code": code,
             "silent": False,
@@ -189,8 +192,15 @@ class ExecutionManager(LoggingConfigurable):
         stop_on_error: bool = True,
         timeout: float | None = None,
     ) -> str:
-        executor = await self.executor(kernel_id)
-        msg_id = await executor.execute(code, allow_stdin=allow_stdin, stop_on_error=stop_on_error)
+        while True:
+            # A kernel that restarts while the request waits for it closes the executor it
+            # waited on (a lifecycle mark, see _observe): the next one is the new kernel's.
+            executor = await self.executor(kernel_id)
+            msg_id = await executor.execute(
+                code, allow_stdin=allow_stdin, stop_on_error=stop_on_error
+            )
+            if msg_id is not None:
+                break
         if timeout is not None:
             self._timeouts[msg_id] = timeout
             if self._running.get(kernel_id) == msg_id:  # it started already

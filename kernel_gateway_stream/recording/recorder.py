@@ -210,6 +210,10 @@ class KernelRecorder:
         #: The kernel's lives: 0 until its first restart, one more at each (restart marks
         #: carry the number of the life they begin).
         self.epoch = 0
+        #: jupyter_client's restarter is restarting the kernel (it died by itself): the
+        #: restart it asks of the kernel manager is its, not a client's (see
+        #: :meth:`_on_auto_restart`).
+        self._auto_restart = False
         #: The reason of the gap to record before the kernel's next message, if it does
         #: not say that it held its output (re-attached after a restart of the gateway).
         self._restart_gap: str | None = None
@@ -609,6 +613,11 @@ class KernelRecorder:
         self.source.reconnect()
 
     def _on_auto_restart(self) -> None:
+        """jupyter_client's restarter found the kernel dead and restarts it now: one mark,
+        with why it died. The restart it then asks of the kernel manager announces itself
+        as any restart does (our kernel manager's hook, jupyter_server's ``restart``
+        event): that is not a second restart, nor one a client asked for."""
+        self._auto_restart = True
         reason = death_reason(self.kernel_manager)
         deaths = self.context.deaths
         deaths[reason] = deaths.get(reason, 0) + 1
@@ -617,12 +626,13 @@ class KernelRecorder:
         self.context.restarted(self.kernel_id)
 
     def _on_dead(self) -> None:
+        self._auto_restart = False
         self.record_mark("dead", "restart_failed")
 
     def _on_lifecycle_request(self, what: str) -> None:
         """Our kernel manager says a restart or a shutdown was asked for (the kernel is
         still there: what it does now comes after this note)."""
-        if not self.ownership.records:
+        if not self.ownership.records or (self._auto_restart and what == "restart_requested"):
             return
         self._drain()
         event = f"{what}_requested" if what in ("shutdown", "detach") else what
@@ -637,10 +647,15 @@ class KernelRecorder:
         )
 
     def restarted(self) -> None:
-        """A restart asked for through the API has completed: the old kernel is gone."""
+        """A restart has completed: the old kernel is gone. One asked for through the API
+        is marked here; the restarter's was marked when it began (its ports may have
+        moved since: subscribe again all the same)."""
         if not self.ownership.records:
             return
-        self.record_mark("restarting", "restart_requested")
+        if self._auto_restart:
+            self._auto_restart = False
+        else:
+            self.record_mark("restarting", "restart_requested")
         self.reconnect()
 
     def stop(self) -> None:
