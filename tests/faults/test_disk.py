@@ -190,6 +190,8 @@ async def test_a_failing_store_does_not_hold_up_a_stop(daemon: Daemon, small_dis
     daemon.start(
         f"--SQLiteTranscriptStore.path={database}",
         "--SQLiteTranscriptStore.close_timeout=3",
+        # Failing sooner than the default 10 s: the stop is what this test is about.
+        "--SQLiteTranscriptStore.writes_failing_after=2",
     )
     await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
@@ -199,7 +201,7 @@ async def test_a_failing_store_does_not_hold_up_a_stop(daemon: Daemon, small_dis
     msg_id = ws.execute("for i in range(20000): print('x' * 200, i, flush=True)")
     await ws.until_idle(msg_id, timeout=300)
     # Degraded while writes fail briefly, failing (503) once they have for
-    # writes_failing_after (10 s): nothing new becomes durable.
+    # writes_failing_after (2 s here): nothing new becomes durable.
     failing = await until_health(daemon, "failing")
     assert failing["components"]["store"]["reason"] == "writes_failing"
     assert daemon.process is not None
