@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 from .messages import KernelMessage, dumps_json
 
@@ -51,6 +52,13 @@ class DigestHistory:
         self._order.append(key)
         if len(self._order) > self.size:
             self._seen.discard(self._order.popleft())
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """Forget ``keys``, as if never seen."""
+        gone = self._seen.intersection(keys)
+        if gone:
+            self._seen -= gone
+            self._order = deque(key for key in self._order if key not in gone)
 
 
 def withhold_traceback(message: KernelMessage, replacement: str) -> KernelMessage:

@@ -698,7 +698,16 @@ class KernelRecorder:
         """This node lost the kernel's lease (another node took it over, or it could not
         renew it in time): stop reading the kernel's IOPub; the records come from the bus
         again, from the last one published here (what this node numbered and did not
-        write is not the history: another node may give those numbers to other output)."""
+        write is not the history: another node may give those numbers to other output).
+
+        Nor are their messages known any more: a kernel of the gateway's launcher holds
+        what was not acknowledged and publishes it again to whoever reads it next, this
+        node too when it takes the kernel back, which then records it (once, as numbers of
+        its own) instead of passing it over as a message it had."""
+        durable = self.store.durable_head(self.kernel_id)
+        self._recent.forget(
+            msg_id.encode() for seq, msg_id in self._unacknowledged if seq > durable
+        )
         self._carry_out(self.ownership.handle(Event.LEASE_LOST))
         if self.committed_only:
             self.sequencer.head = self._feed.head

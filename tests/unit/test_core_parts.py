@@ -48,6 +48,18 @@ def test_digest_history_refuses_what_it_saw_and_forgets_the_oldest() -> None:
     assert not history.seen(b"")
 
 
+def test_a_forgotten_digest_is_new_again_and_the_rest_keep_their_order() -> None:
+    history = DigestHistory(size=3)
+    for key in (b"a", b"b", b"c"):
+        history.add(key)
+    history.forget([b"b", b"x"])
+    assert b"b" not in history
+    history.add(b"d")  # three again: nothing older is pushed out
+    assert [key in history for key in (b"a", b"c", b"d")] == [True, True, True]
+    history.add(b"b")  # four: the oldest, a, goes
+    assert [key in history for key in (b"a", b"b", b"c", b"d")] == [False, True, True, True]
+
+
 def test_withheld_tracebacks_as_jupyter_server_replaces_them() -> None:
     """Item 3: an error message's name, value and traceback, and an error reply's, are
     replaced; anything else is the same message, untouched."""

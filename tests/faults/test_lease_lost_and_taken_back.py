@@ -1,0 +1,86 @@
+"""Issue 25: a node that loses its kernel's lease while Redis does not answer, and takes it
+back, records what the kernel publishes again.
+
+While Redis is paused the owner goes on numbering what the kernel prints, and writes none
+of it; past the lease's TTL it lets the kernel go, and what it numbered and did not write
+is not the history (its takeover covers those numbers with a gap). The kernel, of the
+gateway's launcher, holds whatever was not acknowledged and publishes it again to the
+node that reads it next. Found by the 50-fault schedule (executions that never ended): when
+that node was the same one, it passed over those messages as ones it had, since it still
+knew their msg_ids; their lines and the execution's idle were in the transcript nowhere.
+One real node on a redis-server of the test's own, a kernel printing a line every 10 ms:
+after the pause every line is in the transcript, once, in order, and the execution ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from ..integration.redis_server import RedisServer
+from ..integration.test_several_nodes import CLUSTER_SECRET, Cluster
+from ..integration.waits import wait_until
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("several-nodes")]
+
+LINES = 1000
+TICKER = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.01)"
+#: The lease's TTL, and how long Redis is paused: past it, the lease is lost.
+LEASE_TTL = 2.0
+PAUSE = LEASE_TTL + 2.0
+
+
+async def test_a_lease_lost_while_redis_was_paused_and_taken_back_loses_no_line(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    await own_redis.wait_ready()
+    cluster = Cluster(tmp_path, own_redis.url, names="a")
+    node = cluster.nodes["a"]
+    node.start(
+        f"--RedisTranscriptStore.key_prefix={cluster.prefix}",
+        f"--ClusterNode.lease_ttl={LEASE_TTL}",
+        "--ClusterNode.sync_interval=0.3",
+        "--ClusterNode.allow_unauthenticated_redis=True",
+        env={"KGS_REDIS_URL": own_redis.url, "KGS_CLUSTER_SECRET": CLUSTER_SECRET},
+    )
+    kernel_pids: list[int] = []
+    try:
+        await node.wait_ready()
+        kernel_id = await node.start_kernel()
+        # A node's kernels outlive its stop (another node would take them over): this
+        # test's is killed at the end.
+        kernel_pids = node.kernel_pids()
+        ws = await node.channels(kernel_id)
+        msg_id = ws.execute(TICKER)
+        await ws.until_lines(50)
+        assert own_redis.process is not None
+        own_redis.process.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(PAUSE)  # the fault itself: Redis silent for this long
+        finally:
+            own_redis.process.send_signal(signal.SIGCONT)
+        ws.close()
+
+        def lost_and_taken_back() -> bool:
+            log = node.log_text()
+            return "Lost the lease of kernel" in log and f"Took kernel {kernel_id} over" in log
+
+        await wait_until(lost_and_taken_back, "the node to lose the lease and take it back", 60)
+        await node.until_execution_ended(kernel_id, msg_id)
+        summary = await node.fetch(f"/api/kernels/{kernel_id}/executions/{msg_id}")
+        assert summary["status"] == "ok", summary
+        text = await node.fetch(f"/api/kernels/{kernel_id}/transcript?format=text&parent={msg_id}")
+        lines = [int(line) for line in text.splitlines()]
+        missing = sorted(set(range(LINES)) - set(lines))
+        assert missing == [], f"{len(missing)} lines missing, from {missing[:3]}"
+        assert lines == list(range(LINES)), "every line once, in order"
+    finally:
+        cluster.stop()
+        for pid in kernel_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
