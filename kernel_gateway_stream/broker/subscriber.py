@@ -31,7 +31,7 @@ from ..core.endings import (
     server_error,
     slow_consumer,
 )
-from ..core.errors import SequenceAhead
+from ..core.errors import SequenceAhead, StoreUnavailable
 from ..core.frames import Frame, frames_from_records
 from ..core.handoff import ATTACH, LIVE, STOPPED, Handoff, HeldReply, Read, interleave
 from ..core.messages import Record
@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 
 #: Records in the first page a replay reads: small, so the first one goes out at once.
 REPLAY_FIRST_PAGE = 500
+#: A replay's read of a store that cannot be reached for now (Redis restarting, failing
+#: over: a second or two) is tried again, after this many seconds, doubling up to a second,
+#: for this long in all; then the stream ends as a server error, with where to resume.
+READ_RETRY_FIRST = 0.1
+READ_RETRY_FOR = 15.0
 
 #: The endings :meth:`Subscriber.finish` sends, by reason (``kernel_shutdown`` otherwise).
 _ENDINGS: dict[str, Callable[[int], Ending]] = {
@@ -329,16 +334,27 @@ class Subscriber:
     async def _read(self, read: Read, size: int, first: bool) -> tuple[list[Frame], int]:
         """One page of ``read``: its frames (a retention notice first, on the first page)
         and the highest sequence number it covered."""
-        page = await self.store.read(
-            self.kernel_id,
-            read.after,
-            size,
-            until=read.until,
-            parent=self.queue.parent,
-            msg_types=self.queue.msg_types,
-            marks=True,
-            max_bytes=self.limits.page_bytes,
-        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READ_RETRY_FOR
+        delay = READ_RETRY_FIRST
+        while True:
+            try:
+                page = await self.store.read(
+                    self.kernel_id,
+                    read.after,
+                    size,
+                    until=read.until,
+                    parent=self.queue.parent,
+                    msg_types=self.queue.msg_types,
+                    marks=True,
+                    max_bytes=self.limits.page_bytes,
+                )
+                break
+            except StoreUnavailable:
+                if self._closed or loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 1.0)
         self.registry.records_replayed += len(page.records)
         frames = frames_from_records(page.records, self.limits.frame_bytes)
         if first and page.discarded is not None:

@@ -247,7 +247,9 @@ class PayloadTooLarge(LocalError):
 
 class StoreUnavailable(GatewayStreamError):
     """The transcript store cannot be opened or written (a path that cannot be created,
-    a read-only database, ...); raised at start-up, where it stops the start."""
+    a read-only database, ...); raised at start-up, where it stops the start. Also raised
+    by a read of a store that cannot be reached for now (Redis restarting), which a replay
+    tries again for a while."""
 
 
 class StoreInUse(StoreUnavailable):

@@ -901,6 +901,30 @@ class RedisTranscriptStore(TranscriptStore):
         marks: bool = False,
         max_bytes: int | None = None,
     ) -> TranscriptPage:
+        """Raises:
+        StoreUnavailable: Redis could not be reached (restarting, failing over): a reader
+            may try again (a replay does, for a while)."""
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        try:
+            return await self._read(
+                kernel_id, since, limit, until, parent, msg_types, marks, max_bytes
+            )
+        except (RedisConnectionError, RedisTimeoutError) as error:
+            raise StoreUnavailable(f"reading from Redis: {error}") from error
+
+    async def _read(
+        self,
+        kernel_id: str,
+        since: int,
+        limit: int,
+        until: int | None,
+        parent: str | None,
+        msg_types: Collection[str] | None,
+        marks: bool,
+        max_bytes: int | None,
+    ) -> TranscriptPage:
         upper = until if until is not None else _FAR
         info = await self.info(kernel_id)
         head = info.head if info else 0

@@ -32,7 +32,7 @@ from kernel_gateway_stream.broker.subscriber import (
     TransportClosed,
 )
 from kernel_gateway_stream.core.endings import Ending
-from kernel_gateway_stream.core.errors import SequenceAhead
+from kernel_gateway_stream.core.errors import SequenceAhead, StoreUnavailable
 from kernel_gateway_stream.core.frames import Frame
 from kernel_gateway_stream.core.handoff import HeldReply
 from kernel_gateway_stream.core.marks import gap_record
@@ -730,6 +730,47 @@ def test_a_replay_that_fails_ends_the_stream_as_a_server_error() -> None:
     with logged() as records:
         run(scenario())
     assert [r.getMessage() for r in records] == ["Replaying to a client of k failed"]
+
+
+def test_a_replay_goes_on_when_the_store_can_be_reached_again() -> None:
+    """Redis restarting under a replay (the fault schedule's clients were closed with
+    ``server_error`` for it): the page is read again, and the client gets every record
+    once, in order, its stream never ended."""
+
+    async def scenario() -> None:
+        setup = Setup(page_records=5, live_within=0)
+        setup.kernel.emit(20)
+        transport = RecordingTransport()
+        subscriber = setup.subscriber(transport, since=0)
+        failures = 0
+
+        def store_away(frames: list[Frame]) -> None:
+            nonlocal failures
+            if failures == 0:
+                setup.store.fail = StoreUnavailable("reading from Redis: connection reset")
+                failures = 1
+
+        original = setup.store.read
+
+        async def comes_back(*args: Any, **kwargs: Any) -> TranscriptPage:
+            nonlocal failures
+            try:
+                return await original(*args, **kwargs)
+            finally:
+                if setup.store.fail is not None:
+                    failures += 1
+                    if failures > 2:  # two reads failed: Redis answers again
+                        setup.store.fail = None
+
+        setup.store.read = comes_back  # type: ignore[method-assign]
+        transport.on_send = store_away
+        await subscriber.start(0)
+        await until(lambda: transport.seqs()[-1:] == [20], "every record")
+        assert transport.ending is None
+        assert transport.seqs() == list(range(1, 21))
+        assert failures == 3
+
+    run(scenario())
 
 
 def test_close_is_idempotent_and_cancels_the_replay() -> None:
