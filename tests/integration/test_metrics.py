@@ -51,6 +51,9 @@ async def test_metrics_count_messages_clients_writes_and_refusals(
     bad: KernelWS = await connect(kernel_id)
     bad.ws.write_message("not json")
     await bad.drain_until_closed()
+    # What the kernel published since the flush above is written too before the pending
+    # count is read (a fresh clone under load read 2 records there).
+    await services.store.flush(seconds(10))
 
     samples = await scrape()
     assert value(samples, "iopub_messages_total", msg_type="stream") >= lines
