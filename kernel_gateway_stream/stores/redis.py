@@ -907,32 +907,17 @@ class RedisTranscriptStore(TranscriptStore):
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
+        upper = until if until is not None else _FAR
         try:
-            return await self._read(
-                kernel_id, since, limit, until, parent, msg_types, marks, max_bytes
-            )
+            info = await self.info(kernel_id)
+            head = info.head if info else 0
+            first_seq = info.first_seq if info else 1
+            # What Redis holds alone: a pending record may yet be fenced, its number given
+            # to other output by another node (see the module docstring).
+            query = Query(since, min(upper, head), limit, parent, msg_types, marks, max_bytes)
+            records, taken = await self._read_log(kernel_id, query)
         except (RedisConnectionError, RedisTimeoutError) as error:
             raise StoreUnavailable(f"reading from Redis: {error}") from error
-
-    async def _read(
-        self,
-        kernel_id: str,
-        since: int,
-        limit: int,
-        until: int | None,
-        parent: str | None,
-        msg_types: Collection[str] | None,
-        marks: bool,
-        max_bytes: int | None,
-    ) -> TranscriptPage:
-        upper = until if until is not None else _FAR
-        info = await self.info(kernel_id)
-        head = info.head if info else 0
-        first_seq = info.first_seq if info else 1
-        # What Redis holds alone: a pending record may yet be fenced, its number given to
-        # other output by another node (see the module docstring).
-        query = Query(since, min(upper, head), limit, parent, msg_types, marks, max_bytes)
-        records, taken = await self._read_log(kernel_id, query)
         full = query.full(len(records), taken)
         scanned = records[-1].seq if full else max(since, min(upper, head))
         discarded = (since + 1, first_seq - 1) if since + 1 < first_seq else None

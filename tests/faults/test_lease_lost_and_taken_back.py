@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from ..integration.redis_server import RedisServer
-from ..integration.test_several_nodes import CLUSTER_SECRET, Cluster
 from ..integration.waits import wait_until
+from .test_redis_paused_health import one_node
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("several-nodes")]
 
@@ -38,16 +38,8 @@ PAUSE = LEASE_TTL + 2.0
 async def test_a_lease_lost_while_redis_was_paused_and_taken_back_loses_no_line(
     own_redis: RedisServer, tmp_path: Path
 ) -> None:
-    await own_redis.wait_ready()
-    cluster = Cluster(tmp_path, own_redis.url, names="a")
+    cluster = await one_node(own_redis, tmp_path, LEASE_TTL)
     node = cluster.nodes["a"]
-    node.start(
-        f"--RedisTranscriptStore.key_prefix={cluster.prefix}",
-        f"--ClusterNode.lease_ttl={LEASE_TTL}",
-        "--ClusterNode.sync_interval=0.3",
-        "--ClusterNode.allow_unauthenticated_redis=True",
-        env={"KGS_REDIS_URL": own_redis.url, "KGS_CLUSTER_SECRET": CLUSTER_SECRET},
-    )
     kernel_pids: list[int] = []
     try:
         await node.wait_ready()

@@ -32,20 +32,26 @@ LINES = 500
 TICKER = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.01)"
 
 
-async def test_health_leaves_ok_while_redis_is_paused(
-    own_redis: RedisServer, tmp_path: Path
-) -> None:
+async def one_node(own_redis: RedisServer, tmp_path: Path, lease_ttl: float) -> Cluster:
+    """A cluster of one node, ``a``, on the test's own redis-server, started."""
     await own_redis.wait_ready()
     cluster = Cluster(tmp_path, own_redis.url, names="a")
-    node = cluster.nodes["a"]
-    # A lease that outlasts the pause: this test is about health, not a takeover.
-    node.start(
+    cluster.nodes["a"].start(
         f"--RedisTranscriptStore.key_prefix={cluster.prefix}",
-        f"--ClusterNode.lease_ttl={seconds(20)}",
+        f"--ClusterNode.lease_ttl={lease_ttl}",
         "--ClusterNode.sync_interval=0.3",
         "--ClusterNode.allow_unauthenticated_redis=True",
         env={"KGS_REDIS_URL": own_redis.url, "KGS_CLUSTER_SECRET": CLUSTER_SECRET},
     )
+    return cluster
+
+
+async def test_health_leaves_ok_while_redis_is_paused(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    # A lease that outlasts the pause: this test is about health, not a takeover.
+    cluster = await one_node(own_redis, tmp_path, seconds(20))
+    node = cluster.nodes["a"]
     kernel_pids: list[int] = []
     try:
         await node.wait_ready()
