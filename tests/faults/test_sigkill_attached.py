@@ -1,9 +1,10 @@
-"""Issue 25: a SIGKILL of the gateway in the middle of a flood of a kernel **attached by
-connection file** (a plain ipykernel the gateway did not start: it holds nothing).
+"""Issue 25: SIGKILLs of the gateway in the middle of a flood of a kernel **attached by
+connection file** (a plain ipykernel the gateway did not start: it holds nothing); two,
+one after the other, in one flood.
 
 Such a kernel prints on while no gateway listens, and its IOPub drops what nobody
 subscribes to; the killed gateway's last records, sent to clients and not yet durable, are
-lost too. What must hold: the restarted gateway re-attaches the kernel under its id, and
+lost too. What must hold: each restarted gateway re-attaches the kernel under its id, and
 every line missing from the transcript is inside the gap records there, whose counts are
 at least what is missing: the numbers the killed gateway had given out (``gateway_stopped``,
 a range) and what the kernel printed unwatched (``gateway_restart``, with ``lost`` counted
@@ -16,8 +17,6 @@ from __future__ import annotations
 import re
 import signal
 from pathlib import Path
-
-import pytest
 
 from kernel_gateway_stream.client import GatewayClient
 
@@ -36,10 +35,14 @@ FLOOD = (
 )
 
 
-@pytest.mark.parametrize("kill_after", [1_000, 6_000])
-async def test_a_sigkill_mid_flood_of_an_attached_kernel_leaves_every_missing_line_counted(
-    daemon: Daemon, tmp_path: Path, kill_after: int
+#: Lines of the flood seen (its highest line number) at which each kill lands.
+KILL_AT = (1_000, 6_000)
+
+
+async def test_sigkills_mid_flood_of_an_attached_kernel_leave_every_missing_line_counted(
+    daemon: Daemon, tmp_path: Path
 ) -> None:
+    """Two kills in one flood, each followed by a restart that re-attaches the kernel."""
     (tmp_path / "outside").mkdir()
     outside = OutsideKernel(tmp_path / "outside" / "kernel-outside.json")
     try:
@@ -49,20 +52,18 @@ async def test_a_sigkill_mid_flood_of_an_attached_kernel_leaves_every_missing_li
             kernel_id = await client.attach_kernel(outside.info)
         ws = await daemon.channels(kernel_id, protocol="v1")
         msg_id = ws.execute(FLOOD)
-        seen = 0
-        while seen < kill_after:
-            message = await ws.receive()
-            assert message is not None
-            if message["msg_type"] == "stream":
-                seen += message["content"]["text"].count("\n")
-        assert daemon.process is not None
-        daemon.process.send_signal(signal.SIGKILL)
-        daemon.process.wait()
+        for at in KILL_AT:
+            highest = await ws.until_line_number(at, LINES - 1)
+            assert highest < LINES - 1, "the kill lands before the flood ended"
+            assert daemon.process is not None
+            daemon.process.send_signal(signal.SIGKILL)
+            daemon.process.wait()
+            ws.close()
+            assert outside.alive(), "the kernel outlives the gateway"
+            daemon.start()
+            await daemon.wait_ready()
+            ws = await daemon.channels(kernel_id, protocol="v1")
         ws.close()
-        assert outside.alive(), "the kernel outlives the gateway"
-
-        daemon.start()
-        await daemon.wait_ready()
         await daemon.until_execution_ended(kernel_id, msg_id)
         records = await all_records(daemon, kernel_id)
         log = daemon.log_text()
@@ -79,22 +80,23 @@ async def test_a_sigkill_mid_flood_of_an_attached_kernel_leaves_every_missing_li
     gaps = [r["content"] for r in records if r["msg_type"] == GAP]
     restart = [g for g in gaps if g["reason"] == "gateway_restart"]
     stopped = [g for g in gaps if g["reason"] == "gateway_stopped"]
-    print(
-        f"kill after {kill_after} lines: {len(missing)} of {LINES} lines missing; gaps "
-        f"{[(g['reason'], g.get('lost'), g['last_seq'] - g['first_seq'] + 1) for g in gaps]}; "
-        + (re.findall(r"(\d+) records were given out but not kept", log) or ["none"])[0]
-        + " records not kept"
-    )
-    assert len(restart) == 1, gaps
-    assert isinstance(restart[0].get("lost"), int), "what the kernel printed unseen is counted"
-    # One run of missing lines, where the gateway was away.
-    assert missing == list(range(missing[0], missing[-1] + 1)) if missing else True
-    # At most what the gaps count (a line a message): the records the killed gateway had
-    # numbered and not kept (the restarted one logs how many; its gap spans the numbers
-    # reserved ahead too), and the messages the kernel numbered while it was away.
-    assert len(stopped) == 1, gaps
-    not_kept = re.search(
+    not_kept = re.findall(
         rf"Transcript of kernel {kernel_id}: (\d+) records were given out but not kept", log
     )
-    assert not_kept is not None, log[-3000:]
-    assert len(missing) <= int(not_kept.group(1)) + restart[0]["lost"]
+    print(
+        f"kills at lines {KILL_AT}: {len(missing)} of {LINES} lines missing; gaps "
+        f"{[(g['reason'], g.get('lost'), g['last_seq'] - g['first_seq'] + 1) for g in gaps]}; "
+        f"records not kept {not_kept}"
+    )
+    # A restart gap and a stopped gap per kill.
+    assert len(restart) == len(KILL_AT), gaps
+    assert all(isinstance(g.get("lost"), int) for g in restart), "what was unseen is counted"
+    assert len(stopped) == len(KILL_AT), gaps
+    # At most one run of missing lines per kill, where the gateway was away.
+    runs = sum(1 for i, n in enumerate(missing) if i == 0 or missing[i - 1] != n - 1)
+    assert runs <= len(KILL_AT), missing
+    # At most what the gaps count (a line a message): the records each killed gateway had
+    # numbered and not kept (each restarted one logs how many; its gap spans the numbers
+    # reserved ahead too), and the messages the kernel numbered while it was away.
+    assert len(not_kept) == len(KILL_AT), log[-3000:]
+    assert len(missing) <= sum(map(int, not_kept)) + sum(g["lost"] for g in restart)

@@ -221,6 +221,19 @@ class KernelWS:
             received.messages.append(message)
         return received
 
+    async def until_line_number(self, at_least: int, last: int) -> int:
+        """Read a flood of numbered lines (``print(i)``) until its highest number is at
+        least ``at_least``, or is ``last`` (the flood ended); return that number. Only the
+        flood may print on stdout meanwhile."""
+        highest = -1
+        while highest < at_least and highest != last:
+            message = await self.receive()
+            assert message is not None, "connection closed before enough output"
+            content = message["content"]
+            if message["msg_type"] == "stream" and content["name"] == "stdout":
+                highest = max([highest, *map(int, content["text"].split())])
+        return highest
+
     async def drain_until_closed(self, timeout: float = 60) -> Received:
         """Read everything until the server's close frame."""
         received = Received()
