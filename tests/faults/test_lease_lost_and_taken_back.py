@@ -15,8 +15,6 @@ after the pause every line is in the transcript, once, in order, and the executi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import signal
 from pathlib import Path
 
@@ -24,12 +22,11 @@ import pytest
 
 from ..integration.redis_server import RedisServer
 from ..integration.waits import wait_until
-from .test_redis_paused_health import one_node
+from .test_redis_paused_health import ticking_node
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("several-nodes")]
 
 LINES = 1000
-TICKER = f"import time\nfor i in range({LINES}):\n    print(i, flush=True)\n    time.sleep(0.01)"
 #: The lease's TTL, and how long Redis is paused: past it, the lease is lost.
 LEASE_TTL = 2.0
 PAUSE = LEASE_TTL + 2.0
@@ -38,17 +35,8 @@ PAUSE = LEASE_TTL + 2.0
 async def test_a_lease_lost_while_redis_was_paused_and_taken_back_loses_no_line(
     own_redis: RedisServer, tmp_path: Path
 ) -> None:
-    cluster = await one_node(own_redis, tmp_path, LEASE_TTL)
-    node = cluster.nodes["a"]
-    kernel_pids: list[int] = []
-    try:
-        await node.wait_ready()
-        kernel_id = await node.start_kernel()
-        # A node's kernels outlive its stop (another node would take them over): this
-        # test's is killed at the end.
-        kernel_pids = node.kernel_pids()
-        ws = await node.channels(kernel_id)
-        msg_id = ws.execute(TICKER)
+    async with ticking_node(own_redis, tmp_path, LEASE_TTL, LINES) as ticking:
+        node, kernel_id, ws, msg_id = ticking.node, ticking.kernel_id, ticking.ws, ticking.msg_id
         await ws.until_lines(50)
         assert own_redis.process is not None
         own_redis.process.send_signal(signal.SIGSTOP)
@@ -71,8 +59,3 @@ async def test_a_lease_lost_while_redis_was_paused_and_taken_back_loses_no_line(
         missing = sorted(set(range(LINES)) - set(lines))
         assert missing == [], f"{len(missing)} lines missing, from {missing[:3]}"
         assert lines == list(range(LINES)), "every line once, in order"
-    finally:
-        cluster.stop()
-        for pid in kernel_pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
