@@ -24,14 +24,15 @@ until an acknowledgement names it or a later one. While no subscription is activ
 kernel publishes is not sent at all, only kept, acknowledged or not. When a subscriber
 comes (the gateway, started again and re-attaching the kernel, or another node taking it
 over; every subscription is heard: the socket is ``XPUB_VERBOSE``), the kernel first
-publishes a notice (``kernel_gateway_stream_spool``, content ``{"held", "dropped",
-"evicted", "acked", "acks"}``) and then everything in the ring, in order: what it had sent
-and was never acknowledged, each message wrapped in one of its own
+publishes a notice (``kernel_gateway_stream_spool``, content ``{"held", "sent",
+"dropped", "evicted", "acked", "acks"}``) and then everything in the ring, in order: what it
+had sent and was never acknowledged, each message wrapped in one of its own
 (``kernel_gateway_stream_replay``: a subscriber already listening must not get the same
 signed message twice), then what it held while nobody listened, as it is. The gateway
 records what its transcript does not have yet (it knows the messages it recorded last by
-their ``msg_id``) and nothing twice. ``dropped`` counts messages let go before anyone
-received them (lost for certain), ``evicted`` messages let go after they were sent but
+their ``msg_id``) and nothing twice. ``held`` counts what follows the notice, ``sent`` the
+first of those (published before, and not acknowledged), ``dropped`` messages let go
+before anyone received them (lost for certain), ``evicted`` messages let go after they were sent but
 before they were acknowledged (lost if the gateway had not made them durable), ``acked`` is
 the last ``msg_id`` acknowledged. Where nobody acknowledges (a stock server in front of the
 kernel), only what was held while nobody listened is kept, and only the first subscriber
@@ -205,14 +206,15 @@ class HoldingIOPubThread(IOPubThread):
         """A subscriber came: the notice, then everything not acknowledged, in order: what
         was sent already wrapped (no subscriber may get one signed message twice), what
         was never sent as it is."""
+        sent = len(self._ring) - self._unsent
         notice = {
             "held": len(self._ring),
+            "sent": sent,
             "dropped": self._dropped,
             "evicted": self._evicted,
             "acked": self._acked,
             "acks": True,
         }
-        sent = len(self._ring) - self._unsent
         self._dropped = self._evicted = self._unsent = 0
         self.session.send(self.socket, SPOOL_MSG_TYPE, notice)
         for index, (frames, _) in enumerate(self._ring):

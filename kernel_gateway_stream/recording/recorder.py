@@ -498,10 +498,14 @@ class KernelRecorder:
         self._known_ids = []
         if reason is not None or held:
             self.log.info(
-                "Kernel %s held %d IOPub messages while unwatched (%s dropped)",
+                "Kernel %s publishes again %d IOPub messages (%s of them sent before and "
+                "not acknowledged, the rest held while unwatched; %s dropped; the last "
+                "acknowledged: %s)",
                 self.kernel_id,
                 held,
+                content.get("sent"),
                 "none" if dropped == 0 else dropped,
+                content.get("acked"),
             )
         if dropped != 0:
             self.record_gap(reason or "kernel_hold_full", dropped)
