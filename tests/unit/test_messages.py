@@ -7,6 +7,7 @@ way to the transcript), and bad input raises a clear RemoteError, never anything
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from helpers import (
@@ -16,6 +17,8 @@ from helpers import (
     signed_frames,
     stream,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jupyter_client.session import Session
 
 from kernel_gateway_stream.core.errors import (
@@ -28,6 +31,8 @@ from kernel_gateway_stream.core.messages import (
     INVALID_MSG_TYPE,
     KernelMessage,
     Signer,
+    _object,
+    _plain_object,
     decode_zmq_message,
     dumps_json,
     invalid_placeholder,
@@ -390,3 +395,56 @@ def test_dumps_json_writes_text_as_is_and_escapes_only_what_utf8_cannot_hold() -
     encoded = dumps_json({"text": lone})
     assert encoded.decode("utf-8") == '{"text": "a\\ud800b"}'
     assert json.loads(encoded) == {"text": lone}
+
+
+_JSON_TEXT = st.one_of(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(st.text(max_size=8), children, max_size=4)
+        ),
+        max_leaves=12,
+    ).map(lambda value: json.dumps(value).encode()),
+    st.sampled_from(
+        [
+            b'{"a": NaN}',
+            b'{"a": -Infinity}',
+            b'{"a": 1e999}',
+            b'{"a": "\\ud800"}',
+            b'{"a": "\xff"}',
+            b'{"a": 1, "a": 2}',
+            b'{"a": 123456789012345678901234567890}',
+            b"\xef\xbb\xbf{}",
+            b"[1]",
+            b"{",
+            b"",
+        ]
+    ),
+    st.binary(max_size=16),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSON_TEXT)
+def test_the_fast_header_parse_takes_only_what_the_full_check_takes_as_it_is(raw: bytes) -> None:
+    """The header's fast path (orjson) returns an object only where the strict check
+    returns the same object from the same bytes, kept as they are: it never lets through
+    what the check refuses or would rewrite (NaN, infinities, not UTF-8)."""
+    fast = _plain_object(raw)
+    if fast is None:
+        return
+    kept, full = _object(raw, "header", repair=True)
+    assert kept is raw
+    assert fast == _past_64_bits_as_float(full)
+
+
+def _past_64_bits_as_float(value: Any) -> Any:
+    """``value`` with every integer orjson reads as a float (past 64 bits) a float."""
+    if isinstance(value, dict):
+        return {key: _past_64_bits_as_float(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_past_64_bits_as_float(item) for item in value]
+    if type(value) is int and not -(2**63) <= value < 2**64:
+        return float(value)
+    return value
