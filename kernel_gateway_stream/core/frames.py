@@ -14,16 +14,16 @@ touch, so a merge never crosses another message.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from .executions import normalize
-from .messages import KernelMessage, Record, dumps_json
+from .messages import KernelMessage, Record, dumps_json, value_class
 from .wire import Protocol, encode_legacy, encode_sse, encode_v1, metadata_with_seq
 
 __all__ = ["Frame", "SharedMerges", "frames_from_records", "merge_runs"]
 
 
-@dataclass(frozen=True, slots=True)
+@value_class(frozen=True, slots=True)
 class Frame:
     """One outgoing message. Build with :meth:`from_record`, :meth:`reply` or :meth:`merge`."""
 
