@@ -6,6 +6,7 @@ way to the transcript), and bad input raises a clear RemoteError, never anything
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
@@ -317,6 +318,19 @@ def test_signer_supports_other_digests() -> None:
     signer.verify(signature, parts)
     with pytest.raises(BadSignature):
         signer.verify(Signer(KEY).sign(parts), parts)
+
+
+@pytest.mark.parametrize("digest", ["sha256", "sha512", "sha1", "md5", "sha3_256"])
+@pytest.mark.parametrize("key_bytes", [1, 36, 64, 65, 128, 129, 500])
+def test_signer_is_hmac_for_every_digest_and_key_length(digest: str, key_bytes: int) -> None:
+    """Invariant 8: keys shorter than, as long as and longer than the digest's block (a
+    longer key is hashed first, RFC 2104) sign as hmac.new and jupyter_client do."""
+    key = bytes(range(256)) * 2
+    key = key[:key_bytes]
+    parts = make_parts("status", {"execution_state": "idle"})
+    expected = hmac.new(key, b"".join(parts[:4]), digest).hexdigest().encode()
+    assert Signer(key, f"hmac-{digest}").sign(parts) == expected
+    assert expected == Session(key=key, signature_scheme=f"hmac-{digest}").sign(parts)
 
 
 def test_synthesize_builds_a_gateway_message() -> None:
