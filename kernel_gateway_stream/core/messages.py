@@ -70,7 +70,6 @@ else:
         return dataclass(unsafe_hash=frozen, **options)
 
 
-
 @value_class(frozen=True, slots=True)
 class KernelMessage:
     """One Jupyter message, its JSON parts raw, its routing fields peeked.
@@ -313,10 +312,11 @@ def split_identities(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     Raises:
         MalformedMessage: no delimiter.
     """
-    for index, frame in enumerate(frames):
-        if frame == DELIMITER:
-            return frames[:index], frames[index + 1 :]
-    raise MalformedMessage("no <IDS|MSG> delimiter in message")
+    try:
+        index = frames.index(DELIMITER)
+    except ValueError:
+        raise MalformedMessage("no <IDS|MSG> delimiter in message") from None
+    return frames[:index], frames[index + 1 :]
 
 
 def decode_zmq_message(frames: list[bytes], signer: Signer) -> KernelMessage:

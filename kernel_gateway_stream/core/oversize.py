@@ -59,7 +59,7 @@ _TRANSIENT = re.compile(rb'"transient"\s*:\s*(\{[^{}]{0,2000}\})')
 
 def parts_size(parts: Sequence[Buffer]) -> int:
     """The bytes of ``[header, parent_header, metadata, content, *buffers]``."""
-    return sum(len(part) for part in parts)
+    return sum(map(len, parts))
 
 
 def is_cut(message: KernelMessage) -> bool:

@@ -22,6 +22,8 @@ __all__ = ["ActivityBridge", "KernelActivity"]
 
 #: The control thread's key among the busy shells (no subshell id is empty).
 CONTROL = ""
+#: msg_types whose tracking a bridge remembers at most (see ActivityBridge.tracked).
+TRACKED_CACHE = 256
 
 
 class ActivityBridge:
@@ -29,6 +31,22 @@ class ActivityBridge:
 
     def __init__(self, kernel_manager: Any) -> None:
         self.kernel_manager = kernel_manager
+        #: ``track_message_type`` by msg_type (asked once per message: a trait read and a
+        #: list scan each time), forgotten when the untracked types change; at most
+        #: TRACKED_CACHE types (a kernel chooses its msg_types).
+        self._tracked: dict[str | None, bool] = {}
+        observe = getattr(kernel_manager, "observe", None)
+        if observe is not None and kernel_manager.has_trait("untracked_message_types"):
+            observe(lambda _: self._tracked.clear(), "untracked_message_types")
+
+    def tracked(self, msg_type: str | None) -> bool:
+        """Whether jupyter_server counts a message of ``msg_type`` as activity."""
+        known = self._tracked.get(msg_type)
+        if known is None:
+            if len(self._tracked) >= TRACKED_CACHE:
+                self._tracked.clear()
+            known = self._tracked[msg_type] = bool(self.kernel_manager.track_message_type(msg_type))
+        return known
 
     def of(self, kernel_id: str, kernel: Any) -> KernelActivity:
         """The activity of ``kernel`` (the kernel manager of ``kernel_id``)."""
@@ -71,12 +89,12 @@ class KernelActivity:
 
     def saw(self, message: KernelMessage) -> None:
         """``message`` was recorded (or delivered, on a follower)."""
-        multi = self._bridge.kernel_manager
+        bridge = self._bridge
         kernel = self._kernel
-        tracked = multi.track_message_type(message.parent_msg_type)
+        tracked = bridge.tracked(message.parent_msg_type)
         if not self._active:
             busy = kernel.execution_state == "busy"
-            self._active = tracked or busy or multi.track_message_type(message.msg_type)
+            self._active = tracked or busy or bridge.tracked(message.msg_type)
         state = message.execution_state
         if state is not None:
             if tracked:
