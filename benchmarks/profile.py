@@ -34,9 +34,9 @@ from .systems import GATEWAY, Server
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SQLite writer thread", ("sqlite_writer.py",)),
     ("ZMQ receive", ("_receive (", "_pull (")),
-    ("HMAC and replay check", ("sign (", "verify (", "seen (")),
+    ("HMAC and replay check", ("Signer.sign (", "Signer.verify (", "DigestHistory.seen (")),
     ("JSON and field peeks", ("_plain_object", "_object (", "peek_stream", "_peek_parent")),
-    ("record building", ("from_parts", "__init__ (<string>", "assign (", "_verified (")),
+    ("record building", ("from_parts", "__init__ (<string>", "Sequencer.assign (", "_verified (")),
     ("store append", ("pending.py", "append (kernel_gateway_stream/stores")),
     ("coalescing and frames", ("coalescer.py", "frames.py")),
     ("encoding for clients", ("wire.py",)),
