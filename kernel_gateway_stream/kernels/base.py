@@ -58,6 +58,11 @@ class IOPubSink(Protocol):
     def batch_received(self) -> None:
         """A batch of messages has been handed over: the source is live."""
 
+    def accepting(self) -> bool:
+        """Whether the sink takes messages now. False while it could only drop them (its
+        store is behind) and the kernel keeps what it publishes until told it is durable:
+        the source then leaves them with the kernel and asks again soon."""
+
     def record_gap(self, reason: str, lost: int | None) -> None:
         """Output is missing here that the source knows of (an upstream's own gap): one
         gap record, ``lost`` messages (``None``: an unknown number)."""

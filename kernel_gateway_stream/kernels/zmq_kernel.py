@@ -115,6 +115,8 @@ RESUBSCRIBE_EVERY = 8
 #: Once IOPub is live and the kernel has not answered yet, how many more requests a Tap sends
 #: at most in ``ready_timeout`` (one every ``ready_timeout / READY_NUDGES``).
 READY_NUDGES = 4
+#: Seconds between two asks whether the sink takes messages again (see ZmqIOPubSource._read).
+ROOM_POLL = 0.05
 #: What an XSUB sends to subscribe to everything, and to unsubscribe.
 SUBSCRIBE_ALL, UNSUBSCRIBE_ALL = b"\x01", b"\x00"
 #: Reason of the gap record for messages a full backlog could not keep.
@@ -492,6 +494,8 @@ class ZmqIOPubSource:
         #: source connected (None: nobody waits for it).
         self._answered: asyncio.Future[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
+        #: Set while the sink takes nothing (see _read).
+        self._room_timer: asyncio.TimerHandle | None = None
         self._stopped = False
 
     def start(self) -> None:
@@ -614,14 +618,25 @@ class ZmqIOPubSource:
         if self._read(self.settings.batch, self.settings.batch_bytes):
             asyncio.get_running_loop().call_soon(self._on_readable)
 
-    def _read(self, most: int, most_bytes: int) -> bool:
+    def _read(self, most: int, most_bytes: int, drain: bool = False) -> bool:
         """Pull what the socket holds into the backlog, then record up to ``most``
-        messages / ``most_bytes`` of it; True if more are waiting."""
+        messages / ``most_bytes`` of it; True if more are waiting. While the sink takes
+        nothing (its store is behind, and the kernel keeps what it publishes), neither,
+        and again in :data:`ROOM_POLL` seconds; a ``drain`` (before a mark, at a stop)
+        records what has come all the same. Asked before every message: one batch can
+        be more than the room left."""
+        accepting = self.sink.accepting
+        if not drain and not accepting():
+            self._wait_for_room()
+            return False
         more = self._pull(max(most, 1) * PULL_FACTOR)
         count = taken = 0
         backlog = self._backlog
         try:
             while backlog and count < most and taken < most_bytes:
+                if count and not drain and not accepting():
+                    self._wait_for_room()
+                    return False
                 entry = backlog.popleft()
                 count += 1
                 if isinstance(entry, int):
@@ -646,6 +661,16 @@ class ZmqIOPubSource:
             if count:
                 self.sink.batch_received()
         return more or bool(backlog)
+
+    def _wait_for_room(self) -> None:
+        if self._room_timer is None:
+            loop = asyncio.get_running_loop()
+            self._room_timer = loop.call_later(ROOM_POLL, self._room_again)
+
+    def _room_again(self) -> None:
+        self._room_timer = None
+        if not self._stopped:
+            self._on_readable()
 
     def _heard(self, message: KernelMessage | Replayed) -> None:
         """While nudging: a ``busy`` or ``idle`` status is the kernel's answer."""
@@ -789,7 +814,7 @@ class ZmqIOPubSource:
         # In turns of one batch: the backlog takes at most receive_hwm messages at a time.
         batch = max(1, self.settings.batch)
         for _ in range(max(1, DRAIN_MAX_MESSAGES // batch)):
-            if not self._read(batch, DRAIN_MAX_BYTES):
+            if not self._read(batch, DRAIN_MAX_BYTES, drain=True):
                 break
 
     async def _ping(self, heartbeat: HeartbeatSettings) -> None:
@@ -837,6 +862,9 @@ class ZmqIOPubSource:
                 socket.close(linger=0)
 
     def _disconnect(self) -> None:
+        if self._room_timer is not None:
+            self._room_timer.cancel()
+            self._room_timer = None
         if self._nudger is not None:
             self._nudger.cancel()
             self._nudger = None

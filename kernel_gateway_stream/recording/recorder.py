@@ -105,6 +105,10 @@ COUNTED_MSG_TYPES = frozenset(
 RECENT_IDS = 16384
 #: Seconds between two acknowledgements of what is durable, to a kernel of the launcher.
 ACK_INTERVAL = 0.1
+#: Seconds a Tap leaves a kernel of the gateway's launcher to hold its output while the
+#: store has no room (see KernelRecorder.accepting); then it reads on, and the store's gap
+#: record counts what it cannot keep.
+HOLD_BACK_SECONDS = 30.0
 
 #: Seconds a kernel's end waits for its last records to be written (a committed-only
 #: store) before its clients are ended with what they got.
@@ -232,6 +236,9 @@ class KernelRecorder:
         #: notice says so): ``(seq, msg_id)`` of its messages recorded and not yet told.
         self.acknowledges = False
         self._unacknowledged: deque[tuple[int, str]] = deque()
+        #: Since when the store has had no room for this kernel's records (see accepting).
+        self._held_back_since: float | None = None
+        self._reading_on = False
         self._ack_timer: asyncio.TimerHandle | None = None
         #: The msg_ids of the kernel's messages recorded last (see RECENT_IDS).
         self._recent = DigestHistory(RECENT_IDS)
@@ -352,6 +359,41 @@ class KernelRecorder:
         """True if the Tap has waited for its kernel's first IOPub message for longer than a
         kernel takes to start."""
         return time.monotonic() - self._connected_at > STARTING_GRACE
+
+    def accepting(self) -> bool:
+        """Not while the store is too far behind to keep what is recorded now, for a kernel
+        that keeps its output until told it is durable (the gateway's launcher): its
+        records would become gap records, acknowledged as durable, and the kernel would let
+        go of them. Left with it instead, they are lost only past its own bound (counted).
+        For at most :data:`HOLD_BACK_SECONDS` at a time: what the kernel sends meanwhile
+        also queues in its socket, which nothing bounds. Other kernels are read on: the
+        store's gap record counts exactly what they lose."""
+        if not self.acknowledges or self.store.has_room():
+            if self._held_back_since is not None:
+                self._held_back_since = None
+                self._reading_on = False
+                self.log.info("Kernel %s: the store has room again, reading on", self.kernel_id)
+            return True
+        now = time.monotonic()
+        if self._held_back_since is None:
+            self._held_back_since = now
+            self.log.warning(
+                "Kernel %s: the transcript store is behind; the kernel holds its output "
+                "(for %.0f s at most)",
+                self.kernel_id,
+                HOLD_BACK_SECONDS,
+            )
+        if now - self._held_back_since < HOLD_BACK_SECONDS:
+            return False
+        if not self._reading_on:
+            self._reading_on = True
+            self.log.warning(
+                "Kernel %s: the store still has no room after %.0f s; reading on (what it "
+                "cannot keep becomes a gap record)",
+                self.kernel_id,
+                HOLD_BACK_SECONDS,
+            )
+        return True
 
     def batch_received(self) -> None:
         if not self.ready.done():

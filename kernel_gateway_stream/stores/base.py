@@ -114,6 +114,14 @@ class TranscriptStore(LoggingConfigurable, metaclass=_StoreMeta):  # type: ignor
     def kernel_ended(self, kernel_id: str, now: float) -> None:
         """Called by the Tap when its kernel shuts down; starts the keep-after-shutdown clock."""
 
+    def has_room(self) -> bool:
+        """Whether records appended now are kept, not turned into gap records because the
+        store is behind (its bound of records not yet durable nearly reached). The Tap of
+        a kernel that holds its output (the gateway's launcher) stops reading while this is
+        False, and the kernel keeps what it publishes: nothing becomes a gap. Called on the
+        event loop, once per batch."""
+        return True
+
     def durable_head(self, kernel_id: str) -> int:
         """The highest sequence number up to which every record of ``kernel_id`` appended
         is durable (or not kept, and a gap). Called on the event loop, often: it tells a

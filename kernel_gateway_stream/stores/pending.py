@@ -185,6 +185,11 @@ class PendingBuffer:
             records.append(self._make_gap(kernel_id, dropped[0], last, 0.0))
         return records, committed
 
+    def has_room(self) -> bool:
+        """Whether records pushed now are kept: an eighth of the bound is left (a batch of
+        the Tap's, and the reserve for control records, fit in it)."""
+        return self._bytes <= self.max_bytes - self.max_bytes // 8
+
     def durable_head(self, kernel_id: str) -> int:
         """The highest sequence number up to which every record of ``kernel_id`` pushed
         is durable (or was not kept, and is a gap)."""

@@ -385,7 +385,10 @@ class RedisTranscriptStore(TranscriptStore):
         help="Most bytes of records appended but not yet in Redis (Redis slow or unreachable); "
         "past it the transcript gets a gap record for what could not be kept (live clients "
         "still receive it). Statuses and the gateway's own records have a reserve of an "
-        "eighth more, so that every execution still ends in the transcript.",
+        "eighth more, so that every execution still ends in the transcript. Kernels started "
+        "by the gateway's launcher lose nothing here: within an eighth of the bound their "
+        "Taps stop reading, and each kernel keeps what it publishes (up to its "
+        "iopub_hold_bytes) until the store has room again, for 30 s at most.",
     )
     batch_records = Int(2000, config=True, help="Most records sent to Redis in one call.")
     reserve_ahead = Int(
@@ -860,6 +863,9 @@ class RedisTranscriptStore(TranscriptStore):
         return True
 
     # -- reads ---------------------------------------------------------------------
+
+    def has_room(self) -> bool:
+        return self.pending.has_room()
 
     def durable_head(self, kernel_id: str) -> int:
         return self.pending.durable_head(kernel_id)

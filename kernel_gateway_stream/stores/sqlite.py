@@ -114,7 +114,11 @@ class SQLiteTranscriptStore(TranscriptStore):
         "bytes, per kernel). Past it (a disk too slow, or refusing writes) records are "
         "numbered and sent to live clients but not kept: the transcript gets a gap record for "
         "them, and the store reports 'failing'. Statuses and the gateway's own records have "
-        "a reserve of an eighth more, so that every execution still ends in the transcript.",
+        "a reserve of an eighth more, so that every execution still ends in the transcript. "
+        "Kernels started by the gateway's launcher lose nothing here: within an eighth of the "
+        "bound their Taps stop reading, and each kernel keeps what it publishes (up to its "
+        "iopub_hold_bytes) until the store has room again, for 30 s at most; their live "
+        "output pauses meanwhile.",
     )
     reserve_ahead = Int(
         100000,
@@ -381,6 +385,9 @@ class SQLiteTranscriptStore(TranscriptStore):
         await asyncio.get_running_loop().run_in_executor(None, done.wait, self.close_timeout)
 
     # -- reads ---------------------------------------------------------------------
+
+    def has_room(self) -> bool:
+        return self.pending.has_room()
 
     def durable_head(self, kernel_id: str) -> int:
         return self.pending.durable_head(kernel_id)

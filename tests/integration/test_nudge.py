@@ -53,6 +53,9 @@ class Sink:
         if not self.ready.done():
             self.ready.set_result(None)
 
+    def accepting(self) -> bool:
+        return True
+
     def record_gap(self, reason: str, lost: int | None) -> None:
         raise AssertionError(f"a gap: {reason} {lost}")
 

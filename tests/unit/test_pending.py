@@ -95,3 +95,17 @@ def test_past_its_bound_an_idle_still_passes_after_its_gap_and_output_does_not()
     statuses = [buffer.push(record(seq, status("busy"))) for seq in range(33, 1033)]
     assert statuses.count(True) < len(statuses)
     assert buffer.stats().bytes <= bound + bound // 8
+
+
+def test_room_ends_an_eighth_before_the_bound_and_comes_back_with_commits() -> None:
+    """A Tap whose kernel holds its output stops reading while there is no room (see
+    KernelRecorder.accepting): before any record past the bound is dropped."""
+    one = cost(record(1, stream("stdout", "x" * 100)))
+    buffer = PendingBuffer(16 * one, _gap)
+    for seq in range(1, 16):
+        assert buffer.has_room()
+        assert buffer.push(record(seq, stream("stdout", "x" * 100)))
+    assert not buffer.has_room()
+    assert buffer.stats().dropped_records == 0
+    buffer.commit(buffer.take(10))
+    assert buffer.has_room()
