@@ -393,8 +393,13 @@ async def test_a_cpu_hog_is_killed_at_its_cpu_time_limit(
 
 #: Three processes of 120 MiB each: each well under memory_limit (address space, per
 #: process), the kernel's together past kernel_memory_limit.
+#: It says it started and waits a second first: a kernel killed before its ``busy`` for the
+#: execution reached the gateway had not (as far as anyone can tell) taken it, and the
+#: execution ends ``aborted``, not ``died`` (seen once in a fresh clone, the machine loaded).
 MEMORY_HOG = """
 import os, time
+print("allocating", flush=True)
+time.sleep(1)
 children = []
 for _ in range(2):
     pid = os.fork()
