@@ -8,7 +8,6 @@ the same process with the keys reads its output (the control)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -103,9 +102,15 @@ async def test_a_flood_arrives_whole_over_curve_and_without_the_keys_nothing_is_
         ws = await daemon.channels(kernel_id)
         try:
             sleeping = ws.execute("import time; time.sleep(600)")
-            await asyncio.sleep(0)  # the request is on its way
+            # Interrupted once it runs: an idle ipykernel ignores SIGINT, and a request
+            # still on its way would then sleep its ten minutes.
+            while not any(
+                m["msg_type"] == "execute_input" and m["parent_header"].get("msg_id") == sleeping
+                for m in ws.history
+            ):
+                assert await ws.receive() is not None, "the connection closed"
             await client.interrupt(kernel_id)
-            received = await ws.until_idle(sleeping, timeout=seconds(60))
+            received = await ws.until_idle(sleeping, timeout=60)
             errors = [m for m in received.messages if m["msg_type"] == "error"]
             assert errors
             assert errors[0]["content"]["ename"] == "KeyboardInterrupt"
