@@ -111,7 +111,7 @@ async def test_health_leaves_ok_while_redis_is_paused(
             assert (await health())["status"] == "degraded"
         finally:
             own_redis.process.send_signal(signal.SIGCONT)
-        received = await ws.until_idle(msg_id, timeout=seconds(60))
+        received = await ws.until_idle(msg_id, timeout=60)
         ws.close()
 
         async def ok_again() -> bool:

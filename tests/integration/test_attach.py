@@ -126,7 +126,7 @@ async def test_channels_and_stream_on_an_attached_kernel(
     ws = await daemon.channels(kernel_id)
     try:
         msg_id = ws.execute("for i in range(2000): print(i, flush=True)")
-        received = await ws.until_idle(msg_id, timeout=seconds(60))
+        received = await ws.until_idle(msg_id, timeout=60)
         assert received.text() == "".join(f"{i}\n" for i in range(2000))
     finally:
         ws.close()

@@ -13,8 +13,6 @@ from tornado.httpclient import HTTPClientError
 
 from kernel_gateway_stream.core.marks import REQUEST_MSG_TYPE
 
-from ..timing import seconds
-
 PROGRESS = r"""
 import time
 for i in range(1, 5001):
@@ -43,15 +41,15 @@ async def test_each_cells_latest_execution_folded(
     kernel_id = await start_kernel()
     ws = await connect(kernel_id)
     first = ws.execute("print('old run')", cell_id="cell-a")
-    await ws.until_idle(first, timeout=seconds(60))
+    await ws.until_idle(first, timeout=60)
     progress = ws.execute(PROGRESS, cell_id="cell-b")
-    await ws.until_idle(progress, timeout=seconds(120))
+    await ws.until_idle(progress, timeout=120)
     latest = ws.execute("print('new run'); 6 * 7", cell_id="cell-a")
-    await ws.until_idle(latest, timeout=seconds(60))
+    await ws.until_idle(latest, timeout=60)
     failing = ws.execute("1 / 0", cell_id="cell-c")
-    await ws.until_idle(failing, timeout=seconds(60))
+    await ws.until_idle(failing, timeout=60)
     no_cell = ws.execute("print('from a program')")
-    await ws.until_idle(no_cell, timeout=seconds(60))
+    await ws.until_idle(no_cell, timeout=60)
 
     answer = await cells(jp_fetch, kernel_id)
     records = await transcript(kernel_id, msg_type=REQUEST_MSG_TYPE)
@@ -118,7 +116,7 @@ async def test_what_an_output_widget_captured_stays_the_widgets(
     kernel_id = await start_kernel()
     ws = await connect(kernel_id)
     msg_id = ws.execute(OUTPUT_WIDGET, cell_id="widget")
-    received = await ws.until_idle(msg_id, timeout=seconds(60))
+    received = await ws.until_idle(msg_id, timeout=60)
     assert "inside output\n" in received.text(), "the kernel printed it, to the widget"
     (cell,) = (await cells(jp_fetch, kernel_id))["executions"]
     assert cell["status"] == "ok"
@@ -136,7 +134,7 @@ async def test_a_running_cell_and_a_restart(jp_fetch: Any, start_kernel: Any, co
     (running,) = answer["executions"]
     assert running["status"] == "running"
     assert running["outputs"][0]["text"].startswith("tick 0\ntick 1\n")
-    await ws.until_idle(msg_id, timeout=seconds(60))
+    await ws.until_idle(msg_id, timeout=60)
     await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body="{}")
     answer = await cells(jp_fetch, kernel_id)
     assert answer["epoch"] == 1

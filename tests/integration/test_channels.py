@@ -269,7 +269,7 @@ async def test_watchers_cost_no_zmq_sockets_and_a_first_request_gets_its_input(
         asker = await connect(kernel_id, protocol="v1")
         msg_id = asker.execute(f"print(input('n{attempt}? '))", allow_stdin=True)
         while True:
-            message = await asker.receive(timeout=seconds(30))
+            message = await asker.receive(timeout=30)
             assert message is not None
             if message["msg_type"] == "input_request":
                 assert message["content"]["prompt"] == f"n{attempt}? "

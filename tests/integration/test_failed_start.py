@@ -166,6 +166,6 @@ async def test_under_jupyter_server_a_failed_pending_start_is_dead_with_no_clien
         model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
         return bool(model["execution_state"] == "dead")
 
-    await wait_until(dead, "the model says dead", timeout=seconds(10))
+    await wait_until(dead, "the model says dead", timeout=10)
     model = json.loads((await jp_fetch("api", "kernels", kernel_id)).body)
     assert "no-such-python" in model["reason"], model

@@ -35,7 +35,7 @@ async def until_ready(daemon: Daemon, name: str, count: int) -> None:
     async def full() -> bool:
         return bool((await pool_status(daemon, name))["ready"] >= count)
 
-    await wait_until(full, f"{count} pooled {name} kernels ready", timeout=seconds(120))
+    await wait_until(full, f"{count} pooled {name} kernels ready", timeout=120)
 
 
 def pooled_kernels(daemon: Daemon) -> list[dict[str, Any]]:

@@ -197,7 +197,7 @@ async def test_in_front_of_jupyter_server(daemon: Daemon, jupyter_upstream: Upst
     ws = await daemon.channels(kernel_id)
     try:
         msg_id = ws.execute("print('through', 'both')")
-        received = await ws.until_idle(msg_id, timeout=seconds(60))
+        received = await ws.until_idle(msg_id, timeout=60)
         assert received.text() == "through both\n"
     finally:
         ws.close()
@@ -298,7 +298,7 @@ async def test_a_stock_jupyter_server_in_front_of_the_gateway(
             {"Authorization": f"token {TOKEN}"},
         )
         try:
-            received = await ws.until_idle(ws.execute(FLOOD), timeout=seconds(120))
+            received = await ws.until_idle(ws.execute(FLOOD), timeout=120)
         finally:
             ws.close()
         assert received.text() == EXPECTED
