@@ -202,6 +202,12 @@ class Harness:
 
     def owner(self) -> str:
         """The node holding the kernel's lease ("a" if none does, or Redis cannot say)."""
+        return self.lease_holder() or "a"
+
+    def lease_holder(self) -> str | None:
+        """The node whose running process holds the kernel's lease; None if none does (a
+        killed owner's lease not yet expired, none taken, or Redis cannot say). On one
+        SQLite node, "a"."""
         import redis
 
         if self.options.sqlite:
@@ -218,9 +224,10 @@ class Harness:
             text = value.decode() if isinstance(value, bytes) else str(value)
             pid = text.rsplit(":", 1)[0].split("-")[-2]
             for name, node in self.nodes.items():
-                if node.process is not None and str(node.process.pid) == pid:
+                process = node.process
+                if process is not None and str(process.pid) == pid and process.poll() is None:
                     return name
-        return "a"
+        return None
 
     async def apply(self, step: Step) -> Fault:
         loop = asyncio.get_running_loop()
@@ -371,14 +378,21 @@ class Harness:
         reader = self.nodes["a"]
 
         async def caught_up() -> bool:
-            # The transcript's head (the highest any node serves) has not moved for a
-            # second, and every client has it.
+            # A running node records the kernel (after an owner's kill the head stands
+            # still until its lease expires and another takes the kernel over, and what
+            # the kernel held meanwhile comes then), the transcript's head (the highest
+            # any node serves) has not moved for a second, and every client has it.
             nonlocal reader
             reader, top = await self._highest()
             heads.append(top)
             steady = len(heads) > 5 and len(set(heads[-5:])) == 1
             await asyncio.sleep(0.2)
-            return steady and all(r.last_seq >= heads[-1] for r in self.recorders)
+            if not (steady and all(r.last_seq >= heads[-1] for r in self.recorders)):
+                return False
+            if await asyncio.to_thread(self.lease_holder) is None:
+                heads.clear()  # steady again from the takeover on
+                return False
+            return True
 
         with contextlib.suppress(AssertionError):  # what has not come is what the checker counts
             await wait_until(caught_up, "every client and the transcript to catch up", 60)
