@@ -49,7 +49,7 @@ from .sqlite_schema import (
     SCHEMA,
     SCHEMA_VERSION,
     chunk_id,
-    connect,
+    connect_reader,
     create_private_file,
     kernel_range,
     prepare_directory,
@@ -479,7 +479,7 @@ class SQLiteTranscriptStore(TranscriptStore):
         if connection is None or local.generation != self._generation:
             if connection is not None:
                 connection.close()
-            connection = local.connection = connect(self.path, self.synchronous)
+            connection = local.connection = connect_reader(self.path)
             local.generation = self._generation
             local.parents = {}
         return connection

@@ -30,6 +30,7 @@ __all__ = [
     "SEQ_BITS",
     "chunk_id",
     "connect",
+    "connect_reader",
     "create_private_file",
     "kernel_range",
     "prepare_directory",
@@ -148,4 +149,14 @@ def connect(path: str, synchronous: str, max_file_bytes: int = 0) -> sqlite3.Con
     if max_file_bytes:
         page_size = connection.execute("PRAGMA page_size").fetchone()[0]
         connection.execute(f"PRAGMA max_page_count={max(16, max_file_bytes // page_size)}")
+    return connection
+
+
+def connect_reader(path: str) -> sqlite3.Connection:
+    """A connection that only reads: it sets no journal mode (the writer's connection made
+    the database WAL, which the file says) and refuses to write. Setting WAL writes the
+    file's header: a reader that opened another file put at the path (replaced while the
+    gateway ran, until the writer notices and sets it aside) wrote it."""
+    connection = sqlite3.connect(path, check_same_thread=False, timeout=30, isolation_level=None)
+    connection.execute("PRAGMA query_only=1")
     return connection
