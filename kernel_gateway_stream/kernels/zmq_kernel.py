@@ -40,6 +40,17 @@ ZMQ details that matter here:
   ``timeout`` seconds and the kernel is unreachable until it echoes again. Whether the
   IOPub connection itself dropped meanwhile (a SUB monitor sees it) decides whether output
   may have been lost: a TCP connection that survived a dead link delivers everything.
+* **A subscriber's first messages.** libzmq applies a subscription as soon as it reads it
+  off the connection, which may be inside one of the kernel's sends, and hands it to the
+  kernel later: a kernel of the gateway's launcher that is already sending (someone else
+  listens) may send the new subscriber a message or two, or the rest of another
+  subscriber's release, before the notice and the replay of what it holds
+  (tests/unit/test_launcher_subscriptions.py). Recorded as they came, those were ahead of
+  older lines in the transcript, and after a restart they made a gap of what the replay
+  then brought. So after subscribing the source holds what comes before the notice, for
+  :data:`NOTICE_WAIT` seconds at most (a kernel that sends none is known by then, and its
+  source does not wait again), and hands it over after the notice's replay, but for what
+  the replay brought.
 """
 
 from __future__ import annotations
@@ -63,7 +74,7 @@ from zmq.eventloop.zmqstream import ZMQStream
 from ..core import intake
 from ..core.errors import BadSignature, InvalidMessage, MalformedMessage, RemoteError
 from ..core.guards import DigestHistory
-from ..core.marks import ACK_PREFIX, REPLAY_MSG_TYPE
+from ..core.marks import ACK_PREFIX, REPLAY_MSG_TYPE, SPOOL_MSG_TYPE
 from ..core.messages import (
     DELIMITER,
     KernelMessage,
@@ -117,6 +128,11 @@ RESUBSCRIBE_EVERY = 8
 READY_NUDGES = 4
 #: Seconds between two asks whether the sink takes messages again (see ZmqIOPubSource._read).
 ROOM_POLL = 0.05
+#: Seconds after subscribing that the source holds what comes before a launcher's notice
+#: (see the module docstring: the launcher reads subscriptions every 0.05 s and before
+#: every send), and the most bytes it holds so.
+NOTICE_WAIT = 0.5
+NOTICE_WAIT_BYTES = 4 * 1024 * 1024
 #: What an XSUB sends to subscribe to everything, and to unsubscribe.
 SUBSCRIBE_ALL, UNSUBSCRIBE_ALL = b"\x01", b"\x00"
 #: Reason of the gap record for messages a full backlog could not keep.
@@ -497,6 +513,17 @@ class ZmqIOPubSource:
         #: Set while the sink takes nothing (see _read).
         self._room_timer: asyncio.TimerHandle | None = None
         self._stopped = False
+        #: Whether the kernel publishes a notice when this source subscribes (a kernel of
+        #: the gateway's launcher); None until the first subscription tells.
+        self.sends_notices: bool | None = None
+        #: Set while what comes before the notice is held (see the module docstring).
+        self._notice_timer: asyncio.TimerHandle | None = None
+        self._before_notice: list[KernelMessage | Replayed] = []
+        self._before_notice_bytes = 0
+        #: Messages of the notice's replay still to come, and what came before the notice,
+        #: handed over once they have (but for what the replay brought).
+        self._replay_left = 0
+        self._after_replay: list[KernelMessage | Replayed] = []
 
     def start(self) -> None:
         self._connect()
@@ -529,6 +556,7 @@ class ZmqIOPubSource:
         socket.send(self._acknowledgement(None))
         socket.send(SUBSCRIBE_ALL)  # kept by the XSUB: sent again on every reconnection
         self._socket = socket
+        self._await_notice()
         self._fd = cast(int, socket.getsockopt(zmq.FD))
         # Read straight off the socket's notification fd (edge-triggered: every wake-up
         # reads until the socket says it has nothing more), not through a ZMQStream, whose
@@ -609,6 +637,7 @@ class ZmqIOPubSource:
             return
         with contextlib.suppress(zmq.Again):
             socket.send(SUBSCRIBE_ALL, zmq.NOBLOCK)
+        self._await_notice()
         # A send takes the edge of the socket's fd (see acknowledge()).
         asyncio.get_running_loop().call_soon(self._on_readable)
 
@@ -641,6 +670,7 @@ class ZmqIOPubSource:
                 count += 1
                 if isinstance(entry, int):
                     self.sink.record_gap(BACKLOG_FULL, entry)
+                    self._replayed(entry)
                     continue
                 parts, cost = entry
                 self._backlog_bytes -= cost
@@ -649,10 +679,7 @@ class ZmqIOPubSource:
                     message = parts if not isinstance(parts, list) else self._decode(parts)
                     if self._answered is not None and message is not None:
                         self._heard(message)
-                    if isinstance(message, Replayed):
-                        self.sink.record_replayed(message.message)
-                    elif message is not None:
-                        self.sink.record_message(message)
+                    self._arrived(message)
                 except Exception:
                     # Never stop reading: the fd signals only on an edge, so a batch that
                     # ends in an exception would leave the socket unread for good.
@@ -661,6 +688,82 @@ class ZmqIOPubSource:
             if count:
                 self.sink.batch_received()
         return more or bool(backlog)
+
+    def _arrived(self, message: KernelMessage | Replayed | None) -> None:
+        """One message read (None: refused, or seen already), for the sink; held if it
+        came before the notice (see the module docstring)."""
+        if self._notice_timer is not None:
+            if isinstance(message, KernelMessage) and message.msg_type == SPOOL_MSG_TYPE:
+                self._notice_came(message)
+            elif message is not None:
+                self._before_notice.append(message)
+                self._before_notice_bytes += message.size
+                if self._before_notice_bytes > NOTICE_WAIT_BYTES:
+                    self._stop_awaiting_notice()
+            return
+        self._hand_over(message)
+        self._replayed(1)
+
+    def _hand_over(self, message: KernelMessage | Replayed | None) -> None:
+        if isinstance(message, Replayed):
+            self.sink.record_replayed(message.message)
+        elif message is not None:
+            self.sink.record_message(message)
+
+    def _await_notice(self) -> None:
+        """Hold what comes before the kernel's notice (unless it sends none)."""
+        if self.sends_notices is not False and self._notice_timer is None:
+            loop = asyncio.get_running_loop()
+            self._notice_timer = loop.call_later(NOTICE_WAIT, self._notice_overdue)
+
+    def _notice_came(self, notice: KernelMessage) -> None:
+        """The notice, then its replay (``held`` messages), then what came before it but
+        for what the replay brought (all of it, unless someone acknowledged some of it
+        meanwhile)."""
+        assert self._notice_timer is not None
+        self._notice_timer.cancel()
+        self._notice_timer = None
+        self.sends_notices = True
+        self.sink.record_message(notice)
+        held = notice.content().get("held")
+        early, self._before_notice = self._before_notice, []
+        self._before_notice_bytes = 0
+        if early:
+            self._after_replay.extend(early)
+            self._replay_left = held if isinstance(held, int) and held > 0 else 0
+            self._replayed(0)
+
+    def _replayed(self, count: int) -> None:
+        """``count`` more messages of the notice's replay came (refused or seen ones too)."""
+        self._replay_left -= count
+        if self._replay_left <= 0 and self._after_replay:
+            self._replay_left = 0
+            early, self._after_replay = self._after_replay, []
+            for message in early:
+                inner = message.message if isinstance(message, Replayed) else message
+                # Not twice: recorded unless the transcript has it (by its msg_id).
+                self.sink.record_replayed(inner)
+
+    def _notice_overdue(self) -> None:
+        """No notice in NOTICE_WAIT: hand over what came, as it came."""
+        self._notice_timer = None
+        if self.sends_notices is None:
+            self.sends_notices = False
+        if self._before_notice:
+            self._flush_before_notice()
+            self.sink.batch_received()
+
+    def _stop_awaiting_notice(self) -> None:
+        if self._notice_timer is not None:
+            self._notice_timer.cancel()
+            self._notice_timer = None
+        self._flush_before_notice()
+
+    def _flush_before_notice(self) -> None:
+        early, self._before_notice = self._before_notice, []
+        self._before_notice_bytes = 0
+        for message in early:
+            self._hand_over(message)
 
     def _wait_for_room(self) -> None:
         if self._room_timer is None:
@@ -816,6 +919,12 @@ class ZmqIOPubSource:
         for _ in range(max(1, DRAIN_MAX_MESSAGES // batch)):
             if not self._read(batch, DRAIN_MAX_BYTES, drain=True):
                 break
+        # Whatever is held goes too (a mark or the end comes after it).
+        held = bool(self._before_notice or self._after_replay)
+        self._stop_awaiting_notice()
+        self._replayed(self._replay_left)
+        if held:
+            self.sink.batch_received()
 
     async def _ping(self, heartbeat: HeartbeatSettings) -> None:
         """Ping the kernel's heartbeat port; tell the sink when it stops and starts echoing."""

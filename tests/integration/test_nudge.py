@@ -143,6 +143,8 @@ async def test_a_kernel_welcoming_its_subscription_before_its_shell_listens_is_n
     source.start()
     try:
         await asyncio.wait_for(sink.ready, seconds(30))  # the welcome: live
+        # Handed over once no launcher's notice came (zmq_kernel.NOTICE_WAIT).
+        await wait_until(lambda: sink.messages, "the welcome recorded")
         assert [m.msg_type for m in sink.messages] == ["iopub_welcome"]
         # The shell listens only now; the Tap's requests so far went nowhere.
         await asyncio.sleep(0.3)

@@ -1,7 +1,9 @@
 """The launcher's IOPub thread (kernel_gateway_stream/kernel_launcher.py) on real sockets:
 a subscriber that comes while the kernel sends should get its hold notice before anything
-else. It does not, yet (the test is marked as an expected failure, strict: it fails the
-suite once it passes, so whoever fixes it takes the mark off).
+else. It does not (the test is marked as an expected failure, strict: it fails the suite
+once it passes, so whoever makes it pass takes the mark off), and the gateway copes: its
+IOPub source holds what comes before the notice and hands it over after the notice's
+replay (kernel_gateway_stream/kernels/zmq_kernel.py, tests/integration/test_notice_first.py).
 
 libzmq's XPUB applies a subscription as soon as it reads it off the connection, which may
 be inside one of the kernel's sends, and passes it to the kernel's thread later: what the
@@ -10,18 +12,14 @@ replays, or an ``iopub_welcome``) reaches the new subscriber ahead of its own no
 (subscribers coming one after another while the kernel prints and releases its ring to the
 last one) most new subscribers get such a message first; with a subscriber present and a
 newcomer joining a plain flood, about one in a hundred does (measured beside this test with
-a bare XPUB loop). A gateway that re-attaches then records that message ahead of what the
-notice replays: out of order, and, after a restart, with a gap for "what it missed" that the
-replay then brings. It needs another subscriber present (the kernel sends only while
+a bare XPUB loop). It needs another subscriber present (the kernel sends only while
 someone listens): a paused owner still subscribed while another node takes over, or
 jupyter_server's activity watcher subscribing first.
 
-``ZMQ_XPUB_MANUAL`` (the thread applies each subscription itself after reading it) stops
-it, but libzmq 4.3.5 pairs manual subscriptions with the wrong connection once a
+``ZMQ_XPUB_MANUAL`` (the thread applies each subscription itself after reading it) would
+stop it, but libzmq 4.3.5 pairs manual subscriptions with the wrong connection once a
 subscriber's other upstream frames (the gateway's acknowledgements) are read between
-them: a subscriber then never gets anything (tried: this test hangs). A fix belongs on the
-gateway's side (hold what comes before the notice of a kernel that sends notices) or in a
-way of telling the subscriber which messages preceded its notice."""
+them: a subscriber then never gets anything (tried: this test hangs)."""
 
 from __future__ import annotations
 
