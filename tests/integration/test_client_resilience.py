@@ -5,10 +5,12 @@ async and the blocking client, over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from traitlets.config import Config
 
@@ -255,17 +257,17 @@ async def test_a_slow_reader_pushes_back_and_the_gateway_drops_and_resumes_it(
     reconnects: list[Reconnect] = []
     make_block = "''.join(f'{i:07d}' for i in range(9362)) + '\\n'"  # 65,535 bytes
     block: str = eval(make_block)
-    # More than the socket buffers and the gateway's queue hold: TCP autotuning may grow
-    # the client's receive buffer to tcp_rmem's maximum (32 MiB here; 20 MiB of output
-    # once fitted in, and the client was never dropped), the gateway's send buffer to
-    # tcp_wmem's.
-    blocks = (socket_buffers_max() + 4 * MiB) // len(block) + 1
+    # More than the connection and the gateway's queue hold: the reader's receive buffer
+    # is set (SO_RCVBUF: no autotuning, which grew it to tcp_rmem's maximum, 32 MiB here,
+    # and once took 40 MiB of output without the reader being dropped); the gateway's
+    # send buffer may grow to tcp_wmem's maximum.
+    blocks = (2 * (READER_BUFFER + send_buffer_max()) + 4 * MiB) // len(block) + 1
     code = (
         f"import sys\nblock = {make_block}\n"
         f"for _ in range({blocks}):\n    sys.stdout.write(block)\n    sys.stdout.flush()"
     )
     async with (
-        GatewayClient(url, token, on_reconnect=reconnects.append) as reader,
+        SmallBufferClient(url, token, on_reconnect=reconnects.append) as reader,
         GatewayClient(url, token) as watcher,
     ):
         kernel_id = await reader.start_kernel()
@@ -286,16 +288,27 @@ async def test_a_slow_reader_pushes_back_and_the_gateway_drops_and_resumes_it(
 MiB = 1024 * 1024
 
 
-def socket_buffers_max() -> int:
-    """The most a TCP connection's two ends buffer here: the receiver's tcp_rmem maximum
-    and the sender's tcp_wmem maximum (16 MiB if they cannot be read)."""
-    total = 0
-    for name in ("tcp_rmem", "tcp_wmem"):
-        try:
-            total += int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
-        except (OSError, IndexError, ValueError):
-            total += 8 * MiB
-    return total
+#: The slow reader's receive buffer (the kernel doubles it for its bookkeeping).
+READER_BUFFER = 256 * 1024
+
+
+class SmallBufferClient(GatewayClient):
+    """A GatewayClient whose connections have a fixed, small receive buffer."""
+
+    def _http_options(self) -> dict[str, Any]:
+        options = super()._http_options()
+        buffer = [(socket.SOL_SOCKET, socket.SO_RCVBUF, READER_BUFFER)]
+        options["transport"] = httpx.AsyncHTTPTransport(socket_options=buffer)
+        return options
+
+
+def send_buffer_max() -> int:
+    """The most a TCP connection's sender buffers here: tcp_wmem's maximum (8 MiB if it
+    cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, IndexError, ValueError):
+        return 8 * MiB
 
 
 async def until_finished(gateway: GatewayClient, kernel_id: str, msg_id: str) -> None:
