@@ -11,8 +11,8 @@ kernel sends in between (live output, or the rest of another subscriber's notice
 replays, or an ``iopub_welcome``) reaches the new subscriber ahead of its own notice. Here
 (subscribers coming one after another while the kernel prints and releases its ring to the
 last one) most new subscribers get such a message first; with a subscriber present and a
-newcomer joining a plain flood, about one in a hundred does (measured beside this test with
-a bare XPUB loop). It needs another subscriber present (the kernel sends only while
+newcomer joining a plain flood, about one in a hundred does (``python -m
+benchmarks.subscription_race``, a bare XPUB loop). It needs another subscriber present (the kernel sends only while
 someone listens): a paused owner still subscribed while another node takes over, or
 jupyter_server's activity watcher subscribing first.
 
