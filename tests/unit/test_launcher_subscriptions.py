@@ -12,9 +12,9 @@ replays, or an ``iopub_welcome``) reaches the new subscriber ahead of its own no
 (subscribers coming one after another while the kernel prints and releases its ring to the
 last one) most new subscribers get such a message first; with a subscriber present and a
 newcomer joining a plain flood, about one in a hundred does (``python -m
-benchmarks.subscription_race``, a bare XPUB loop). It needs another subscriber present (the kernel sends only while
-someone listens): a paused owner still subscribed while another node takes over, or
-jupyter_server's activity watcher subscribing first.
+benchmarks.subscription_race``, a bare XPUB loop). It needs another subscriber present
+(the kernel sends only while someone listens): a paused owner still subscribed while
+another node takes over, or jupyter_server's activity watcher subscribing first.
 
 ``ZMQ_XPUB_MANUAL`` (the thread applies each subscription itself after reading it) would
 stop it, but libzmq 4.3.5 pairs manual subscriptions with the wrong connection once a
