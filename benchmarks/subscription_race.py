@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from typing import cast
 
 import zmq
 
@@ -44,7 +45,7 @@ def run(manual: bool, trials: int) -> int:
     def publish() -> None:
         number = 0
         while not stopped.is_set():
-            while publisher.get(zmq.EVENTS) & zmq.POLLIN:
+            while cast(int, publisher.get(zmq.EVENTS)) & zmq.POLLIN:
                 frame = publisher.recv_multipart(zmq.NOBLOCK)[0]
                 if frame[:1] == b"\x01":
                     if manual:
