@@ -670,7 +670,8 @@ class ZmqIOPubSource:
                 count += 1
                 if isinstance(entry, int):
                     self.sink.record_gap(BACKLOG_FULL, entry)
-                    self._replayed(entry)
+                    if self._after_replay:
+                        self._replayed(entry)
                     continue
                 parts, cost = entry
                 self._backlog_bytes -= cost
@@ -702,7 +703,8 @@ class ZmqIOPubSource:
                     self._stop_awaiting_notice()
             return
         self._hand_over(message)
-        self._replayed(1)
+        if self._after_replay:
+            self._replayed(1)
 
     def _hand_over(self, message: KernelMessage | Replayed | None) -> None:
         if isinstance(message, Replayed):

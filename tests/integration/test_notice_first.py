@@ -17,7 +17,9 @@ not held again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
@@ -26,10 +28,10 @@ from jupyter_client.session import Session
 
 from kernel_gateway_stream.core.marks import REPLAY_MSG_TYPE, SPOOL_MSG_TYPE
 from kernel_gateway_stream.core.messages import DELIMITER, KernelMessage
-from kernel_gateway_stream.kernels.zmq_kernel import IOPubSettings, KernelSockets
+from kernel_gateway_stream.kernels.zmq_kernel import KernelSockets
 
 from ..timing import seconds
-from .test_nudge import KEY, free_port
+from .test_nudge import KEY, free_port, iopub_settings
 from .waits import wait_until
 
 
@@ -118,7 +120,12 @@ class Kernel:
         self.iopub.close()
 
 
-def source_for(sockets: KernelSockets, kernel: Kernel, sink: Sink) -> Any:
+@contextlib.asynccontextmanager
+async def subscribed() -> AsyncIterator[tuple[Kernel, Sink, Any]]:
+    """A kernel stand-in, and a Tap's IOPub source on it whose subscription is in."""
+    sockets = KernelSockets()
+    kernel = Kernel(sockets.async_context)
+    sink = Sink()
     link = sockets.link(
         "notice-first",
         lambda: kernel.info,
@@ -126,27 +133,19 @@ def source_for(sockets: KernelSockets, kernel: Kernel, sink: Sink) -> Any:
         signature_scheme="hmac-sha256",
         log=logging.getLogger("test_notice_first"),
     )
-    link.settings = IOPubSettings(
-        receive_hwm=1000,
-        receive_buffer=0,
-        batch=500,
-        batch_bytes=256 * 1024,
-        nudge_interval=0.05,
-        ready_timeout=seconds(30),
-        replay_history=1000,
-        refusal_log_interval=10.0,
-    )
-    return link.iopub(sink)  # type: ignore[arg-type]
-
-
-async def test_a_line_sent_before_the_notice_is_recorded_in_the_kernels_order() -> None:
-    sockets = KernelSockets()
-    kernel = Kernel(sockets.async_context)
-    sink = Sink()
-    source = source_for(sockets, kernel, sink)
+    link.settings = iopub_settings()
+    source = link.iopub(sink)  # type: ignore[arg-type]
     source.start()
     try:
         await asyncio.wait_for(kernel.subscribed(), seconds(30))
+        yield kernel, sink, source
+    finally:
+        source.stop()
+        kernel.close()
+
+
+async def test_a_line_sent_before_the_notice_is_recorded_in_the_kernels_order() -> None:
+    async with subscribed() as (kernel, sink, source):
         older, early, later = kernel.line("older"), kernel.line("early"), kernel.line("later")
         kernel.publish(early)  # reaches the Tap before its notice
         await wait_until(lambda: source._before_notice, "the early line at the Tap")
@@ -158,19 +157,10 @@ async def test_a_line_sent_before_the_notice_is_recorded_in_the_kernels_order() 
         assert sink.seen() == ["notice", "older", "early", "later"]
         assert source.sends_notices is True
         assert source.seen_again == 1, "the replay of the early line, which came already"
-    finally:
-        source.stop()
-        kernel.close()
 
 
 async def test_a_kernel_that_sends_no_notice_is_held_once_then_never() -> None:
-    sockets = KernelSockets()
-    kernel = Kernel(sockets.async_context)
-    sink = Sink()
-    source = source_for(sockets, kernel, sink)
-    source.start()
-    try:
-        await asyncio.wait_for(kernel.subscribed(), seconds(30))
+    async with subscribed() as (kernel, sink, source):
         kernel.publish(kernel.line("first"))
         kernel.publish(kernel.line("second"))
         await wait_until(lambda: len(source._before_notice) == 2, "both lines held")
@@ -184,6 +174,3 @@ async def test_a_kernel_that_sends_no_notice_is_held_once_then_never() -> None:
         kernel.publish(kernel.line("third"))
         await wait_until(lambda: "third" in sink.seen(), "the third line")
         assert sink.seen() == ["first", "second", "third"]
-    finally:
-        source.stop()
-        kernel.close()

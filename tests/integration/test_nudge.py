@@ -118,6 +118,20 @@ class SlowShellKernel:
         self.shell.close()
 
 
+def iopub_settings() -> IOPubSettings:
+    """A Tap's IOPub settings for a kernel stand-in: small batches, quick nudges."""
+    return IOPubSettings(
+        receive_hwm=1000,
+        receive_buffer=0,
+        batch=500,
+        batch_bytes=256 * 1024,
+        nudge_interval=0.05,
+        ready_timeout=seconds(30),
+        replay_history=1000,
+        refusal_log_interval=10.0,
+    )
+
+
 async def test_a_kernel_welcoming_its_subscription_before_its_shell_listens_is_nudged_on() -> None:
     sockets = KernelSockets()
     kernel = SlowShellKernel(sockets.async_context)
@@ -128,16 +142,7 @@ async def test_a_kernel_welcoming_its_subscription_before_its_shell_listens_is_n
         signature_scheme="hmac-sha256",
         log=logging.getLogger("test_nudge"),
     )
-    link.settings = IOPubSettings(
-        receive_hwm=1000,
-        receive_buffer=0,
-        batch=500,
-        batch_bytes=256 * 1024,
-        nudge_interval=0.05,
-        ready_timeout=seconds(30),
-        replay_history=1000,
-        refusal_log_interval=10.0,
-    )
+    link.settings = iopub_settings()
     sink = Sink()
     source = link.iopub(sink)  # type: ignore[arg-type]
     source.start()
