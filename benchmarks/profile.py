@@ -2,6 +2,7 @@
 
     python -m benchmarks.profile                      # 200,000 x 64 B, v1, one client
     python -m benchmarks.profile --count 20000 --size 4096 --protocol legacy
+    python -m benchmarks.profile --native --top 12    # and the C functions samples end in
 
 Starts the gateway on its defaults (SQLite, in-process broker), a firehose kernel
 (benchmarks/firehose.py) and one WebSocket client that runs the firehose, while ``py-spy
@@ -11,6 +12,11 @@ is put in one stage by the innermost frame a rule of :data:`STAGES` knows; the t
 each stage's share of the samples and that share of the daemon's CPU time per message
 (psutil's user + system seconds over the run, divided by the messages). Needs ``py-spy``
 (``pip install py-spy``) and the rights to trace the daemon (root, or ptrace allowed).
+
+``--native`` unwinds C frames too, and adds a table of the C functions the samples end in,
+each with the line of Python that called it: a cost a Python profile pins on an innocent
+line (``asyncio.get_running_loop()`` is one C call, and spent 8 % of the daemon's CPU in
+``getpid()``) is named there.
 """
 
 from __future__ import annotations
@@ -83,6 +89,23 @@ def innermost(raw: str, depth: int) -> collections.Counter[str]:
     return counts
 
 
+def native_leaves(raw: str) -> collections.Counter[str]:
+    """Samples per C function a stack ends in (a frame with no Python file), with the
+    innermost Python frame that called it."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, number = line.rpartition(" ")
+        if not (stack and number.isdigit()):
+            continue
+        frames = stack.split(";")
+        if ".py:" in frames[-1]:
+            continue
+        python = [frame for frame in frames if ".py:" in frame]
+        caller = python[-1] if python else "no Python frame"
+        counts[f"{frames[-1].split(' (')[0]} ← {caller}"] += int(number)
+    return counts
+
+
 def table(counts: collections.Counter[str], cpu_us: float) -> str:
     total = sum(counts.values()) or 1
     rows = ["| stage | µs per message | share |", "|---|---|---|"]
@@ -93,7 +116,9 @@ def table(counts: collections.Counter[str], cpu_us: float) -> str:
     return "\n".join(rows)
 
 
-async def profile(count: int, size: int, protocol: str, rate: int, top: int) -> str:
+async def profile(
+    count: int, size: int, protocol: str, rate: int, top: int, native: bool = False
+) -> str:
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         sys.exit("py-spy is not installed: pip install py-spy")
@@ -109,8 +134,8 @@ async def profile(count: int, size: int, protocol: str, rate: int, top: int) -> 
             assert server.process is not None
             out = home / "profile.txt"
             spy = subprocess.Popen(
-                [py_spy, "record", "--gil", "--format", "raw", "--rate", "250",
-                 "--pid", str(server.process.pid), "--output", str(out)],
+                [py_spy, "record", "--gil", *(["--native"] if native else []), "--format", "raw",
+                 "--rate", "250", "--pid", str(server.process.pid), "--output", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             await asyncio.sleep(1.0)  # py-spy attaches
@@ -138,6 +163,14 @@ async def profile(count: int, size: int, protocol: str, rate: int, top: int) -> 
             f"| {chain} | {samples / total * cpu_us:.1f} |"
             for chain, samples in frames.most_common(top)
         )
+    if native:
+        leaves = native_leaves(raw)
+        total = sum(counts.values()) or 1
+        text += "\n\n| C function the sample ends in ← its Python caller | µs per message |\n"
+        text += "|---|---|\n" + "\n".join(
+            f"| {leaf} | {samples / total * cpu_us:.1f} |"
+            for leaf, samples in leaves.most_common(top or 12)
+        )
     return text
 
 
@@ -148,8 +181,13 @@ def cli() -> None:
     parser.add_argument("--protocol", choices=("v1", "legacy"), default="v1")
     parser.add_argument("--rate", type=int, default=0, help="messages a second (0: no limit)")
     parser.add_argument("--top", type=int, default=0, help="also the N costliest frames")
+    parser.add_argument(
+        "--native", action="store_true", help="unwind C frames too, and name the C functions"
+    )
     args = parser.parse_args()
-    print(asyncio.run(profile(args.count, args.size, args.protocol, args.rate, args.top)))
+    print(
+        asyncio.run(profile(args.count, args.size, args.protocol, args.rate, args.top, args.native))
+    )
 
 
 if __name__ == "__main__":

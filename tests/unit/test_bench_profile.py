@@ -3,7 +3,7 @@ and py-spy's raw output is counted per stage and per chain of the gateway's fram
 
 from __future__ import annotations
 
-from benchmarks.profile import breakdown, innermost, stage_of, table
+from benchmarks.profile import breakdown, innermost, native_leaves, stage_of, table
 
 RECEIVE = (
     "_run_once (asyncio/base_events.py:1922);_on_readable (kernel_gateway_stream/kernels/"
@@ -38,3 +38,17 @@ def test_raw_output_is_counted_per_stage_and_per_chain() -> None:
     rendered = table(counts, 100.0)
     assert "| ZMQ receive | 60.0 | 60 % |" in rendered
     assert "**100.0**" in rendered
+
+
+def test_native_samples_are_counted_per_c_function_and_its_python_caller() -> None:
+    publish = (
+        "_record (kernel_gateway_stream/recording/recorder.py:564);MemoryBroker.publish "
+        "(kernel_gateway_stream/broker/memory.py:83);_asyncio_get_running_loop "
+        "(_asynciomodule.c.h:747);get_running_loop (_asynciomodule.c:274);getpid (libc.so.6)"
+    )
+    raw = f"{publish} 20\n{RECEIVE} 5\n{publish} 4\n"
+    leaves = native_leaves(raw)
+    assert leaves == {
+        "getpid ← MemoryBroker.publish (kernel_gateway_stream/broker/memory.py:83)": 24
+    }
+    assert stage_of(publish) == "fan-out and subscribers"
