@@ -17,29 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
-from pathlib import Path
 
-from .firehose import install_kernelspec
+from .profile import warmed_gateway
 from .scenarios import firehose, run_on
-from .systems import GATEWAY, Server
 
 
 async def one_round(count: int, size: int, protocol: str) -> tuple[float, float]:
     """``(µs of daemon CPU per message, seconds)`` of one firehose run."""
-    with tempfile.TemporaryDirectory() as home_name:
-        home = Path(home_name)
-        install_kernelspec(home / "jp")
-        server = Server(GATEWAY, home / "gateway", home / "jp")
-        await server.start()
-        try:
-            kernel_id = await server.start_kernel("firehose")
-            await run_on(server, kernel_id, protocol, firehose(2_000, size), 1, 60)
-            seconds, tallies, cpu, finished = await run_on(
-                server, kernel_id, protocol, firehose(count, size), 1, 600
-            )
-        finally:
-            await server.stop()
+    async with warmed_gateway(size, protocol) as (server, kernel_id, _):
+        seconds, tallies, cpu, finished = await run_on(
+            server, kernel_id, protocol, firehose(count, size), 1, 600
+        )
     if not finished:
         raise SystemExit(f"the firehose did not finish: {tallies[0].lines} of {count}")
     return cpu / max(tallies[0].lines, 1) * 1e6, seconds

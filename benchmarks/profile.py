@@ -24,11 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from .firehose import install_kernelspec
@@ -64,13 +66,20 @@ def stage_of(stack: str) -> str:
     return "other"
 
 
-def breakdown(raw: str) -> collections.Counter[str]:
-    """Samples per stage, from py-spy's ``--format raw`` output."""
-    counts: collections.Counter[str] = collections.Counter()
+def samples(raw: str) -> Iterator[tuple[list[str], int]]:
+    """``(frames, count)`` of each sample line of py-spy's ``--format raw`` output, frames
+    outermost first."""
     for line in raw.splitlines():
         stack, _, number = line.rpartition(" ")
         if stack and number.isdigit():
-            counts[stage_of(stack)] += int(number)
+            yield stack.split(";"), int(number)
+
+
+def breakdown(raw: str) -> collections.Counter[str]:
+    """Samples per stage, from py-spy's ``--format raw`` output."""
+    counts: collections.Counter[str] = collections.Counter()
+    for frames, number in samples(raw):
+        counts[stage_of(";".join(frames))] += number
     return counts
 
 
@@ -78,14 +87,10 @@ def innermost(raw: str, depth: int) -> collections.Counter[str]:
     """Samples per chain of the ``depth`` innermost frames of the gateway's own code (or of
     the stack's innermost frames when none is the gateway's)."""
     counts: collections.Counter[str] = collections.Counter()
-    for line in raw.splitlines():
-        stack, _, number = line.rpartition(" ")
-        if not (stack and number.isdigit()):
-            continue
-        frames = stack.split(";")
+    for frames, number in samples(raw):
         own = [i for i, frame in enumerate(frames) if "kernel_gateway_stream/" in frame]
         end = own[-1] + 1 if own else len(frames)
-        counts[" ← ".join(reversed(frames[max(0, end - depth) : end]))] += int(number)
+        counts[" ← ".join(reversed(frames[max(0, end - depth) : end]))] += number
     return counts
 
 
@@ -93,16 +98,12 @@ def native_leaves(raw: str) -> collections.Counter[str]:
     """Samples per C function a stack ends in (a frame with no Python file), with the
     innermost Python frame that called it."""
     counts: collections.Counter[str] = collections.Counter()
-    for line in raw.splitlines():
-        stack, _, number = line.rpartition(" ")
-        if not (stack and number.isdigit()):
-            continue
-        frames = stack.split(";")
+    for frames, number in samples(raw):
         if ".py:" in frames[-1]:
             continue
         python = [frame for frame in frames if ".py:" in frame]
         caller = python[-1] if python else "no Python frame"
-        counts[f"{frames[-1].split(' (')[0]} ← {caller}"] += int(number)
+        counts[f"{frames[-1].split(' (')[0]} ← {caller}"] += number
     return counts
 
 
@@ -116,12 +117,10 @@ def table(counts: collections.Counter[str], cpu_us: float) -> str:
     return "\n".join(rows)
 
 
-async def profile(
-    count: int, size: int, protocol: str, rate: int, top: int, native: bool = False
-) -> str:
-    py_spy = shutil.which("py-spy")
-    if py_spy is None:
-        sys.exit("py-spy is not installed: pip install py-spy")
+@contextlib.asynccontextmanager
+async def warmed_gateway(size: int, protocol: str) -> AsyncIterator[tuple[Server, str, Path]]:
+    """The gateway on its defaults with a firehose kernel, warmed up (the first execution
+    pays imports and connection set-up): ``(server, kernel_id, home)``, stopped after."""
     with tempfile.TemporaryDirectory() as home_name:
         home = Path(home_name)
         install_kernelspec(home / "jp")
@@ -129,26 +128,35 @@ async def profile(
         await server.start()
         try:
             kernel_id = await server.start_kernel("firehose")
-            # Warm up: the first execution pays imports and connection set-up.
             await run_on(server, kernel_id, protocol, firehose(2_000, size), 1, 60)
-            assert server.process is not None
-            out = home / "profile.txt"
-            spy = subprocess.Popen(
-                [py_spy, "record", "--gil", *(["--native"] if native else []), "--format", "raw",
-                 "--rate", "250", "--pid", str(server.process.pid), "--output", str(out)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            await asyncio.sleep(1.0)  # py-spy attaches
-            seconds, tallies, cpu, finished = await run_on(
-                server, kernel_id, protocol, firehose(count, size, rate), 1, 600
-            )
-            spy.send_signal(signal.SIGINT)
-            spy.wait(60)
-            lines = tallies[0].lines
-            raw = out.read_text()
-            counts = breakdown(raw)
+            yield server, kernel_id, home
         finally:
             await server.stop()
+
+
+async def profile(
+    count: int, size: int, protocol: str, rate: int, top: int, native: bool = False
+) -> str:
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        sys.exit("py-spy is not installed: pip install py-spy")
+    async with warmed_gateway(size, protocol) as (server, kernel_id, home):
+        assert server.process is not None
+        out = home / "profile.txt"
+        spy = subprocess.Popen(
+            [py_spy, "record", "--gil", *(["--native"] if native else []), "--format", "raw",
+             "--rate", "250", "--pid", str(server.process.pid), "--output", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        await asyncio.sleep(1.0)  # py-spy attaches
+        seconds, tallies, cpu, finished = await run_on(
+            server, kernel_id, protocol, firehose(count, size, rate), 1, 600
+        )
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
+        lines = tallies[0].lines
+        raw = out.read_text()
+        counts = breakdown(raw)
     head = (
         f"{count:,} x {size} B, {protocol}, one client: {lines:,} messages in {seconds:.2f} s,"
         f" daemon CPU {cpu:.2f} s{'' if finished else ' (not finished)'}"
