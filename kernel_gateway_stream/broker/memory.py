@@ -106,7 +106,7 @@ class MemoryBroker(Broker):
         # new subscriber replays to: the replay-to-live handoff has no gap and no overlap.
         pending = topic.coalescer.flush()
         if pending:
-            self._fan_out(topic, pending, asyncio.get_running_loop().time())
+            self._fan_out(topic, pending, topic.now())
         topic.subscribers[subscriber] = None
         return topic.head
 
@@ -116,7 +116,7 @@ class MemoryBroker(Broker):
             return 0
         pending = topic.coalescer.flush()
         if pending:
-            self._fan_out(topic, pending, asyncio.get_running_loop().time())
+            self._fan_out(topic, pending, topic.now())
         return topic.head
 
     def detach(self, kernel_id: str, subscriber: FrameSink) -> None:
@@ -132,7 +132,7 @@ class MemoryBroker(Broker):
             topic.timer.cancel()
         pending = topic.coalescer.flush()
         if pending:
-            self._fan_out(topic, pending, asyncio.get_running_loop().time())
+            self._fan_out(topic, pending, topic.now())
 
     def subscriber_count(self, kernel_id: str) -> int:
         topic = self._topics.get(kernel_id)
