@@ -469,6 +469,9 @@ def _object_part(raw: bytes, what: str) -> tuple[bytes, dict[str, Any]]:
         value = _LENIENT_DECODER.decode(raw.decode())
     except (ValueError, RecursionError) as error:  # pragma: no cover - parsed above
         raise MalformedMessage(f"{what} is not valid JSON") from error
+    # A bare NaN or Infinity is valid JSON to the lenient decoder, and no object.
+    if not isinstance(value, dict):
+        raise MalformedMessage(f"{what} is not a JSON object")
     return dumps_json(value), value
 
 
