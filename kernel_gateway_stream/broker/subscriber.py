@@ -149,15 +149,35 @@ class SubscriberRegistry:
     """Every subscriber of every kernel, attached to the live feed or still catching up:
     what kernel and gateway shutdown end."""
 
-    __slots__ = ("_by_kernel", "endings", "records_replayed", "replays")
+    __slots__ = ("_by_kernel", "_call_soon", "_ready", "endings", "records_replayed", "replays")
 
     def __init__(self) -> None:
         self._by_kernel: dict[str, dict[Subscriber, None]] = {}
+        #: Subscribers with frames to write at the end of this turn of the loop, in order.
+        self._ready: list[Subscriber] = []
+        self._call_soon: Callable[..., object] | None = None
         #: Streams ended by the gateway, by reason (``slow_consumer``, ``kernel_shutdown``).
         self.endings: dict[str, int] = {}
         #: Subscribers that asked for the past (``since``) and records sent them from it.
         self.replays = 0
         self.records_replayed = 0
+
+    def write_soon(self, subscriber: Subscriber) -> None:
+        """Have ``subscriber`` write what it has queued once the records ready now are
+        all published: one callback per turn of the event loop for every subscriber of
+        every kernel, not a task wake-up per frame per subscriber, and each subscriber
+        writes everything the turn brought it at once (merged, see SharedMerges)."""
+        if not self._ready:
+            call_soon = self._call_soon
+            if call_soon is None:  # found once: get_running_loop() is a system call
+                call_soon = self._call_soon = asyncio.get_running_loop().call_soon
+            call_soon(self._write_ready)
+        self._ready.append(subscriber)
+
+    def _write_ready(self) -> None:
+        ready, self._ready = self._ready, []
+        for subscriber in ready:
+            subscriber.write_queued()
 
     def count_ending(self, reason: str) -> None:
         """A transport ended a client's stream for ``reason`` (for metrics)."""
@@ -200,6 +220,7 @@ class Subscriber:
         "_handoff",
         "_in_flight",
         "_parked",
+        "_scheduled",
         "_sending",
         "_stopping",
         "_task",
@@ -240,6 +261,8 @@ class Subscriber:
         )
         #: True while the writer waits for work (the fast path may write for it).
         self._parked = False
+        #: True while the registry holds this subscriber to write at the end of the turn.
+        self._scheduled = False
         #: True while the writer is inside Transport.send (which may await: SSE's after_send).
         self._sending = False
         self._in_flight: asyncio.Future[None] | None = None
@@ -392,13 +415,30 @@ class Subscriber:
         if self.queue.holding:
             return
         if self._parked and self._write_now is not None and self._in_flight is None:
-            self._send_now()
+            if not self._scheduled:
+                self._scheduled = True
+                self.registry.write_soon(self)
         else:
             self._wake.set()
 
+    def write_queued(self) -> None:
+        """Called by the registry at the end of the turn in which frames were offered:
+        write them now if the writer is still idle (the fast path), else wake it."""
+        self._scheduled = False
+        if self._closed:
+            return
+        if not (self._parked and self._in_flight is None):
+            self._wake.set()
+            return
+        try:
+            self._send_now()
+        except Exception as error:  # one subscriber's failure is its own: end it, go on
+            log.exception("Writing to a client of %s failed", self.kernel_id)
+            self._end(server_error(self.last_seq, str(error)))
+
     def _send_now(self) -> None:
-        """The fast path of :meth:`offer`: the writer is idle, nothing is in flight, so the
-        frames are written at once, in order, and the writer only awaits their flush."""
+        """The fast path: the writer is idle and nothing is in flight, so the queued frames
+        are written at once, in order, and the writer only awaits their flush."""
         frames = self.queue.take()
         if not frames:
             return

@@ -18,7 +18,14 @@ from dataclasses import field, replace
 
 from .executions import normalize
 from .messages import KernelMessage, Record, dumps_json, value_class
-from .wire import Protocol, encode_legacy, encode_sse, encode_v1, metadata_with_seq
+from .wire import (
+    Protocol,
+    encode_legacy,
+    encode_sse,
+    encode_v1,
+    metadata_with_seq,
+    websocket_frame,
+)
 
 __all__ = ["Frame", "SharedMerges", "frames_from_records", "merge_runs"]
 
@@ -36,6 +43,7 @@ class Frame:
     _encoded: dict[Protocol, tuple[bytes, bool]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _framed: dict[Protocol, bytes] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_record(cls, record: Record) -> Frame:
@@ -95,6 +103,14 @@ class Frame:
             cached = self._encode(protocol)
             self._encoded[protocol] = cached
         return cached
+
+    def framed(self, protocol: Protocol) -> bytes:
+        """:meth:`encode`'s payload as a whole WebSocket frame (header and payload), built
+        once per protocol however many clients it is written to."""
+        framed = self._framed.get(protocol)
+        if framed is None:
+            framed = self._framed[protocol] = websocket_frame(*self.encode(protocol))
+        return framed
 
     def _encode(self, protocol: Protocol) -> tuple[bytes, bool]:
         message = self.message

@@ -44,6 +44,7 @@ __all__ = [
     "encode_v1",
     "metadata_with_seq",
     "sse_event_name",
+    "websocket_frame",
 ]
 
 #: ``metadata[SEQ_METADATA_KEY] == {"seq": last, "first_seq": first}`` on every IOPub
@@ -229,6 +230,25 @@ def encode_sse(event: str, event_id: int | None, data: bytes) -> bytes:
     if event_id is not None:
         head = b"id: %d\n" % event_id + head
     return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+
+
+def websocket_frame(payload: bytes, binary: bool) -> bytes:
+    """``payload`` as one whole WebSocket data frame as a server sends it (RFC 6455
+    section 5.2: final, unmasked, not compressed), header and payload in one bytes object.
+
+    Built once per frame and protocol and written straight to every client's socket, it
+    spares each write what tornado's ``write_message`` does per client and per message:
+    build the header, copy the payload after it, and wrap the write in a task of its own.
+    """
+    first = 0x82 if binary else 0x81  # FIN, and the binary or text opcode
+    length = len(payload)
+    if length < 126:
+        header = bytes((first, length))
+    elif length <= 0xFFFF:
+        header = struct.pack("!BBH", first, 126, length)
+    else:
+        header = struct.pack("!BBQ", first, 127, length)
+    return header + payload
 
 
 #: RFC 6455 section 5.5: a control frame's payload is at most 125 bytes, two of them the

@@ -798,7 +798,7 @@ def test_close_is_idempotent_and_cancels_the_replay() -> None:
 # -- the fast path ------------------------------------------------------------------------
 
 
-def test_a_parked_writer_lets_offer_write_at_once() -> None:
+def test_a_parked_writer_lets_the_turn_end_write_what_it_brought_at_once() -> None:
     async def scenario() -> None:
         setup = Setup()
         transport = FastTransport()
@@ -808,10 +808,39 @@ def test_a_parked_writer_lets_offer_write_at_once() -> None:
         await until(lambda: subscriber.live, "live")
         await settle()  # the writer parks
         setup.kernel.emit()
-        # Written within publish itself: no task had to run.
-        assert transport.seqs() == [1]
+        setup.kernel.emit(2)
+        assert transport.seqs() == []  # nothing is written within publish
+        await asyncio.sleep(0)  # the end of the turn: one callback, no task woken
+        assert transport.seqs() == [1, 2, 3]
+        assert len(transport.written_now) == 1  # one write, of one merged frame
+        assert (transport.sent[0].first_seq, transport.sent[0].last_seq) == (1, 3)
         assert transport.sends == 0
-        assert subscriber.last_seq == 1
+        assert subscriber.last_seq == 3
+
+    run(scenario())
+
+
+def test_the_turn_end_writes_to_every_subscriber_and_one_failing_ends_only_itself() -> None:
+    class Failing(FastTransport):
+        def write_now(self, frames: list[Frame]) -> asyncio.Future[None] | None:
+            raise RuntimeError("broken transport")
+
+    async def scenario() -> None:
+        setup = Setup()
+        transports = [FastTransport(), Failing(), FastTransport()]
+        subscribers = [setup.subscriber(transport) for transport in transports]
+        for transport, subscriber in zip(transports, subscribers, strict=True):
+            transport.flushes_at_once = True
+            await subscriber.start(None)
+        await until(lambda: all(s.live for s in subscribers), "live")
+        await settle()
+        setup.kernel.emit(2)
+        await asyncio.sleep(0)
+        assert transports[0].seqs() == transports[2].seqs() == [1, 2]
+        ending = transports[1].ending
+        assert ending is not None
+        assert ending.reason == "server_error"
+        assert setup.broker.subscriber_count(KERNEL) == 2
 
     run(scenario())
 
@@ -824,7 +853,8 @@ def test_frames_offered_during_a_fast_write_wait_for_its_flush_and_go_merged() -
         await subscriber.start(None)
         await until(lambda: subscriber.live, "live")
         await settle()
-        setup.kernel.emit()  # written now; its flush is pending
+        setup.kernel.emit()
+        await asyncio.sleep(0)  # written at the turn's end; its flush is pending
         setup.kernel.emit(4)  # queued behind it
         await settle()
         assert transport.seqs() == [1]
@@ -847,6 +877,7 @@ def test_a_fast_write_whose_flush_fails_closes_the_subscriber() -> None:
         await until(lambda: subscriber.live, "live")
         await settle()
         setup.kernel.emit()
+        await asyncio.sleep(0)  # written at the turn's end
         transport.flush(ConnectionResetError("gone"))
         await until(lambda: len(setup.registry) == 0, "closed")
         assert setup.broker.subscriber_count(KERNEL) == 0
