@@ -89,12 +89,16 @@ class KernelWS:
         protocol: str = "legacy",
         session_id: str | None = None,
         since: int | None = None,
+        compression: bool = False,
     ) -> KernelWS:
+        """``compression``: offer permessage-deflate (the server uses it if configured to)."""
         session_id = session_id or uuid.uuid4().hex
         query = f"session_id={session_id}" + (f"&since={since}" if since is not None else "")
         request = HTTPRequest(f"{url}?{query}", headers=headers, connect_timeout=seconds(60))
         subprotocols = [V1] if protocol == "v1" else None
-        ws = await websocket_connect(request, subprotocols=subprotocols)
+        ws = await websocket_connect(
+            request, subprotocols=subprotocols, compression_options={} if compression else None
+        )
         if protocol == "v1":
             assert ws.selected_subprotocol == V1
         return cls(ws, protocol, session_id)

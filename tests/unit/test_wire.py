@@ -20,6 +20,7 @@ from jupyter_server.services.kernels.connection.base import (
     serialize_binary_message,
     serialize_msg_to_ws_v1,
 )
+from tornado.websocket import WebSocketProtocol13
 
 from kernel_gateway_stream.core.errors import MalformedMessage
 from kernel_gateway_stream.core.wire import (
@@ -36,6 +37,7 @@ from kernel_gateway_stream.core.wire import (
     encode_v1,
     metadata_with_seq,
     sse_event_name,
+    websocket_frame,
 )
 
 PARTS = make_parts(
@@ -389,3 +391,27 @@ def test_close_reasons_fit_the_websocket_limit_and_stay_json(message: str) -> No
     assert message.startswith(decoded["message"])
     short = close_reason("slow_consumer", last_seq=5)
     assert json.loads(short) == {"reason": "slow_consumer", "last_seq": 5}
+
+
+class _Recorded:
+    """Stands for tornado's IOStream: keeps what is written."""
+
+    def __init__(self) -> None:
+        self.written = b""
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65535, 65536, 200_000])
+@pytest.mark.parametrize("binary", [True, False])
+def test_websocket_frame_matches_tornados_own_frame(size: int, binary: bool) -> None:
+    """The frame the fan-out writes straight to a socket is byte for byte the frame
+    tornado's ``write_message`` would write (every length encoding of RFC 6455 5.2)."""
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    protocol = WebSocketProtocol13.__new__(WebSocketProtocol13)
+    protocol.mask_outgoing = False
+    protocol._wire_bytes_out = 0
+    protocol.stream = _Recorded()  # type: ignore[assignment]
+    protocol._write_frame(True, 0x2 if binary else 0x1, payload)
+    assert websocket_frame(payload, binary) == protocol.stream.written  # type: ignore[attr-defined]
