@@ -19,7 +19,16 @@ __all__ = ["MemoryBroker"]
 class _Topic:
     """One kernel: its coalescer, its subscribers and the timer for the coalescing window."""
 
-    __slots__ = ("clock", "coalescer", "head", "subscribers", "timer", "timer_deadline")
+    __slots__ = (
+        "clock",
+        "coalescer",
+        "head",
+        "loop",
+        "subscribers",
+        "timer",
+        "timer_deadline",
+        "writing",
+    )
 
     def __init__(self, coalescer: Coalescer, head: int) -> None:
         self.coalescer = coalescer
@@ -27,8 +36,11 @@ class _Topic:
         self.subscribers: dict[FrameSink, None] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.timer_deadline: float | None = None
-        #: The event loop's clock, found on the first record (see :meth:`now`).
+        #: The event loop and its clock, found on the first record (see :meth:`now`).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.clock: Callable[[], float] | None = None
+        #: True while frames fanned out this turn of the loop are being written.
+        self.writing = False
 
     def now(self) -> float:
         """The event loop's time. ``asyncio.get_running_loop()`` calls ``getpid()`` (it
@@ -36,7 +48,8 @@ class _Topic:
         of the daemon's CPU in a firehose when asked once a record (py-spy --native)."""
         clock = self.clock
         if clock is None:
-            clock = self.clock = asyncio.get_running_loop().time
+            self.loop = asyncio.get_running_loop()
+            clock = self.clock = self.loop.time
         return clock()
 
 
@@ -150,6 +163,15 @@ class MemoryBroker(Broker):
                     # One subscriber's failure is its own (as websockets' broadcast()):
                     # the sequence number is spent, so the others must still get it.
                     self._isolate(topic, subscriber)
+        if subscribers and not topic.writing and topic.loop is not None:
+            # The subscribers write at the end of this turn (SubscriberRegistry.write_soon,
+            # asked above, so called first): tell the coalescer once they have.
+            topic.writing = True
+            topic.loop.call_soon(self._written, topic)
+
+    def _written(self, topic: _Topic) -> None:
+        topic.writing = False
+        topic.coalescer.written(topic.now())
 
     def _isolate(self, topic: _Topic, subscriber: FrameSink) -> None:
         self.isolated += 1

@@ -9,6 +9,10 @@ Rules (DESIGN invariant 6), in the order they are checked:
 3. Otherwise it joins the pending run if it can (same parent ``msg_id``, same stream
    name, next sequence number); a run that reaches ``max_bytes`` goes out at once. A
    record that cannot join flushes the run and starts a new one, which keeps the deadline.
+   A run's bytes are those of the message it becomes: its first record's parts, then
+   each next record's content (its text, JSON-escaped, and a few bytes more), not each
+   record's whole header again, which would cap a flood of short lines at a seventh of
+   ``max_bytes`` of text (a 64-byte line's message is about 475 bytes).
 4. With nothing pending, it starts a run.
 5. A run goes out (:meth:`due`) when its stream has been quiet for ``quiet`` seconds (the
    burst is over) or ``window`` seconds after the last stream frame, whichever is first.
@@ -37,6 +41,7 @@ class Coalescer:
         "_last_sent",
         "_pending",
         "_pending_bytes",
+        "_unwritten",
         "_window_end",
         "max_bytes",
         "quiet",
@@ -59,6 +64,8 @@ class Coalescer:
         self._pending: list[Record] = []
         self._pending_bytes = 0
         self._window_end: float | None = None
+        #: A stream frame went out that :meth:`written` has not been told of yet.
+        self._unwritten = False
 
     def feed(self, record: Record, now: float) -> list[Frame]:
         """Take one record; return the frames that must go out now, in order."""
@@ -74,7 +81,7 @@ class Coalescer:
         if self._pending:
             if self._fits(record):
                 self._pending.append(record)
-                self._pending_bytes += message.size
+                self._pending_bytes += len(message.raw_content)
                 if idle or self._pending_bytes >= self.max_bytes:
                     return self._send_pending(now)
                 return []
@@ -116,6 +123,19 @@ class Coalescer:
         text = "".join(r.message.text or "" for r in pending)
         return [Frame("iopub", first.message, first.seq, pending[-1].seq, text)]
 
+    def written(self, now: float) -> None:
+        """The stream frames that went out last were written to every subscriber by
+        ``now``: ``quiet`` and ``window`` count from then, not from when they were handed
+        over. With a thousand subscribers the writing takes longer than ``quiet``; the
+        next record, received after it, would look like the first after a quiet period,
+        go out alone, and its own writing would make the next one look so too: a frame,
+        and a write to every subscriber, per record the reader got between two writes."""
+        if self._unwritten:
+            self._unwritten = False
+            if self._last_sent is not None and now > self._last_sent:
+                self._last_sent = now
+                self._window_end = now + self.window
+
     def _idle(self, now: float) -> bool:
         """True if no stream record arrived and no stream frame went out for ``quiet``."""
         last = self._last_sent
@@ -130,12 +150,13 @@ class Coalescer:
         return (
             record.seq == last.seq + 1
             and continues(message, other)
-            and self._pending_bytes + other.size <= self.max_bytes
+            and self._pending_bytes + len(other.raw_content) <= self.max_bytes
         )
 
     def _sent(self, now: float) -> None:
         self._last_sent = now
         self._window_end = now + self.window
+        self._unwritten = True
 
     def _send_pending(self, now: float) -> list[Frame]:
         self._sent(now)

@@ -150,9 +150,12 @@ def test_different_parent_or_name_flushes_the_run_and_starts_another(
 
 
 def test_run_reaching_max_bytes_goes_out_at_once() -> None:
-    """Invariant 6: a run that reaches max_bytes is sent without waiting for the window."""
+    """Invariant 6: a run that reaches max_bytes is sent without waiting for the window.
+    Its bytes are the message it becomes: the first record's parts, then the others'
+    content only."""
     size = Frame.from_record(_out(2, "b", 0.0)).size
-    coalescer = Coalescer(window=WINDOW, max_bytes=2 * size)
+    content = len(_out(3, "c", 0.0).message.raw_content)
+    coalescer = Coalescer(window=WINDOW, max_bytes=size + content)
     coalescer.feed(_out(1, "a", 10.0), now=10.0)
     assert coalescer.feed(_out(2, "b", 10.1), now=10.1) == []
 
@@ -167,7 +170,8 @@ def test_message_that_would_pass_max_bytes_starts_a_new_run() -> None:
     """Invariant 6: a run never grows past max_bytes; the message that would pass it
     flushes the run and waits in a new one, with the same deadline."""
     size = Frame.from_record(_out(2, "b", 0.0)).size
-    coalescer = Coalescer(window=WINDOW, max_bytes=2 * size)
+    long_content = len(_out(3, "c" * 40, 0.0).message.raw_content)
+    coalescer = Coalescer(window=WINDOW, max_bytes=size + long_content - 1)
     coalescer.feed(_out(1, "a", 10.0), now=10.0)
     coalescer.feed(_out(2, "b", 10.1), now=10.1)
 
