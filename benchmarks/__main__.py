@@ -132,6 +132,8 @@ def add_ratios(rows: list[Row]) -> None:
             one = find(rows, "fanout", item["system"], "1 clients")
             if one and one.get("seconds"):
                 item["x_one_client"] = item["seconds"] / one["seconds"]
+            if one and one.get("cpu_seconds") and item.get("cpu_seconds") is not None:
+                item["cpu_x_one_client"] = item["cpu_seconds"] / one["cpu_seconds"]
         elif scenario == "latency" and latency_direct and item is not latency_direct:
             item["added_p50_ms"] = item["p50_ms"] - latency_direct["p50_ms"]
             item["added_p99_ms"] = item["p99_ms"] - latency_direct["p99_ms"]
@@ -171,6 +173,8 @@ COLUMNS = {
         "seconds",
         "x_one_client",
         "cpu_seconds",
+        "cpu_x_one_client",
+        "client_cpu_seconds",
         "min_lines",
         "complete_clients",
         "note",
@@ -300,6 +304,13 @@ def targets(rows: list[Row]) -> list[Row]:
     if hundred and hundred.get("x_one_client"):
         ratio = hundred["x_one_client"]
         check("fan-out to 100 <= 1.5 x one client", ratio, ratio <= 1.5, "time until all done")
+    thousand = find(rows, "fanout", ours, "1000 clients")
+    if thousand and thousand.get("x_one_client"):
+        ratio = thousand["x_one_client"]
+        check("fan-out to 1000 <= 2 x one client", ratio, ratio <= 2, "time until all done")
+    if thousand and thousand.get("cpu_x_one_client"):
+        ratio = thousand["cpu_x_one_client"]
+        check("fan-out to 1000: server CPU <= 2 x one client's", ratio, ratio <= 2, "CPU seconds")
     idle = find(rows, "idle_memory", ours)
     if idle:
         value = idle["kib_per_client"]

@@ -97,12 +97,15 @@ async def run_on(
     clients: int,
     timeout: float,
     repeats: int = 1,
+    client_cpu: list[float] | None = None,
 ) -> tuple[float, list[Tally], float, bool]:
     """``clients`` sockets on one kernel, the first executes ``code``: seconds until all
     have seen ``idle``, their tallies, the server's CPU seconds, and whether all finished.
 
     With ``repeats``, the median of that many runs on the same sockets; a run that takes
-    over ``QUICK_RUN`` seconds is not repeated (its noise is small next to it)."""
+    over ``QUICK_RUN`` seconds is not repeated (its noise is small next to it). With
+    ``client_cpu``, the CPU seconds this process (every client) spent in that run are
+    appended to it."""
     sockets = await connect_many(server.port, kernel_id, protocol, clients)
     try:
         # Unmeasured: every socket live and the kernel idle before the clock starts.
@@ -110,16 +113,20 @@ async def run_on(
         await follow_all([(ws, _same(warm)) for ws in sockets], timeout)
         runs = []
         for _ in range(repeats):
-            cpu = server.cpu_seconds()
+            cpu, mine = server.cpu_seconds(), time.process_time()
             started = time.perf_counter()
             msg_id = sockets[0].execute(code)
             tallies = [Tally(msg_id) for _ in sockets]
             finished = await follow_all(list(zip(sockets, tallies, strict=True)), timeout)
             ended = max((t.done_at or time.perf_counter()) for t in tallies)
-            runs.append((ended - started, tallies, server.cpu_seconds() - cpu, finished))
+            used = server.cpu_seconds() - cpu
+            runs.append((ended - started, tallies, used, finished, time.process_time() - mine))
             if not finished or ended - started > QUICK_RUN:
                 break
-        return sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+        seconds, tallies, cpu, finished, mine = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+        if client_cpu is not None:
+            client_cpu.append(mine)
+        return seconds, tallies, cpu, finished
     finally:
         for ws in sockets:
             ws.close()
@@ -276,9 +283,17 @@ async def fanout(server: Server, plan: Plan) -> list[Row]:
                     )
                 )
                 continue
+            client_cpu: list[float] = []
             try:
                 seconds, tallies, cpu, finished = await run_on(
-                    server, kernel_id, "v1", code, clients, plan.fanout_timeout, repeats=5
+                    server,
+                    kernel_id,
+                    "v1",
+                    code,
+                    clients,
+                    plan.fanout_timeout,
+                    repeats=5,
+                    client_cpu=client_cpu,
                 )
             except Exception as error:  # a peer failing is a result
                 rows.append(
@@ -300,6 +315,7 @@ async def fanout(server: Server, plan: Plan) -> list[Row]:
                     clients=clients,
                     seconds=seconds,
                     cpu_seconds=cpu,
+                    client_cpu_seconds=client_cpu[0],
                     min_lines=lines,
                     expected=plan.fanout_messages,
                     complete_clients=sum(1 for t in tallies if t.lines == plan.fanout_messages),
