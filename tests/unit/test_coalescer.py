@@ -182,6 +182,32 @@ def test_message_that_would_pass_max_bytes_starts_a_new_run() -> None:
     assert [f.text for f in coalescer.due(10.5)] == ["c" * 40]
 
 
+def test_quiet_counts_from_when_the_last_frame_was_written() -> None:
+    """Invariant 6 with many subscribers: writing a frame to all of them may take longer
+    than ``quiet``; the next record of the flood, read after that, is not taken for the
+    first after a quiet period (which would send it alone, and so every next one)."""
+    coalescer = Coalescer(window=WINDOW, quiet=0.125)
+    assert _ranges(coalescer.feed(_out(1, "a", 10.0), now=10.0)) == [(1, 1)]
+    coalescer.written(10.25)  # the writes to every subscriber took 250 ms
+    assert coalescer.feed(_out(2, "b", 10.3125), now=10.3125) == []  # 62.5 ms after: held
+    assert coalescer.next_deadline() == 10.4375
+    # Without the writes counted, the same record went out at once.
+    other = Coalescer(window=WINDOW, quiet=0.125)
+    other.feed(_out(1, "a", 10.0), now=10.0)
+    assert _ranges(other.feed(_out(2, "b", 10.3125), now=10.3125)) == [(2, 2)]
+
+
+def test_writing_only_other_messages_does_not_hold_the_next_line() -> None:
+    """Invariant 6: ``written`` after a status message (no stream frame went out since the
+    last one it was told of) moves nothing: a cell's first line is not held."""
+    coalescer = Coalescer(window=WINDOW, quiet=0.125)
+    coalescer.feed(_out(1, "a", 10.0), now=10.0)
+    coalescer.written(10.0)
+    coalescer.feed(record(2, status("busy"), time=20.0), now=20.0)
+    coalescer.written(20.0)
+    assert _ranges(coalescer.feed(_out(3, "b", 20.01), now=20.01)) == [(3, 3)]
+
+
 def test_window_zero_means_no_coalescing() -> None:
     """Invariant 6: with window=0 every message goes out at once, on its own."""
     coalescer = Coalescer(window=0)

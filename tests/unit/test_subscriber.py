@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Collection, Coroutine, Iterator
 from typing import Any
 
@@ -271,8 +272,10 @@ class Setup:
     """A broker (coalescing off unless asked: frames reach subscribers as published), a
     store, a kernel, a registry and shared limits."""
 
-    def __init__(self, *, coalesce_window: float = 0.0, **limits: Any) -> None:
-        self.broker = MemoryBroker(coalesce_window=coalesce_window)
+    def __init__(
+        self, *, coalesce_window: float = 0.0, coalesce_quiet: float = 0.005, **limits: Any
+    ) -> None:
+        self.broker = MemoryBroker(coalesce_window=coalesce_window, coalesce_quiet=coalesce_quiet)
         self.store = MemoryStore()
         self.registry = SubscriberRegistry()
         self.limits = ReplayLimits(**limits)
@@ -841,6 +844,34 @@ def test_the_turn_end_writes_to_every_subscriber_and_one_failing_ends_only_itsel
         assert ending is not None
         assert ending.reason == "server_error"
         assert setup.broker.subscriber_count(KERNEL) == 2
+
+    run(scenario())
+
+
+def test_a_line_after_slow_writes_is_merged_not_taken_for_one_after_a_quiet_period() -> None:
+    """Invariant 6 with many subscribers: the broker tells the coalescer when the turn's
+    writes are done, so the time they took is not taken for the kernel's quiet."""
+
+    class Slow(FastTransport):
+        def write_now(self, frames: list[Frame]) -> asyncio.Future[None] | None:
+            time.sleep(seconds(0.3))  # a thousand subscribers' writes
+            return super().write_now(frames)
+
+    async def scenario() -> None:
+        setup = Setup(coalesce_window=seconds(5.0), coalesce_quiet=seconds(0.2))
+        transport = Slow()
+        transport.flushes_at_once = True
+        subscriber = setup.subscriber(transport)
+        await subscriber.start(None)
+        await until(lambda: subscriber.live, "live")
+        await settle()
+        setup.kernel.emit()  # the first line after a quiet period: at once
+        await asyncio.sleep(0)  # written, slowly
+        await asyncio.sleep(0)  # the broker tells the coalescer
+        setup.kernel.emit()  # more than quiet after the first, but not after its write
+        await asyncio.sleep(0)
+        assert transport.seqs() == [1]  # held in a run, not sent alone
+        assert setup.broker.subscriber_count(KERNEL) == 1
 
     run(scenario())
 
