@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import field, replace
 
 from .executions import normalize
-from .messages import KernelMessage, Record, dumps_json, value_class
+from .messages import KernelMessage, Record, dumps_json, dumps_stream_content, value_class
 from .wire import (
     Protocol,
     encode_legacy,
@@ -27,7 +27,7 @@ from .wire import (
     websocket_frame,
 )
 
-__all__ = ["Frame", "SharedMerges", "frames_from_records", "merge_runs"]
+__all__ = ["MERGE_FRAME_MIN_ALONE", "Frame", "SharedMerges", "frames_from_records", "merge_runs"]
 
 
 @value_class(frozen=True, slots=True)
@@ -119,7 +119,7 @@ class Frame:
             metadata = metadata_with_seq(metadata, self.first_seq, self.last_seq)
         content = message.raw_content
         if self.merged_text is not None:
-            content = dumps_json({"name": message.stream_name, "text": self.merged_text})
+            content = dumps_stream_content(message.stream_name or "", self.merged_text)
         if protocol is Protocol.V1:
             parts = [message.raw_header, message.raw_parent_header, metadata, content]
             return encode_v1(self.channel, [*parts, *message.buffers]), True
@@ -148,6 +148,10 @@ def continues(message: KernelMessage, other: KernelMessage) -> bool:
     )
 
 
+#: A frame of this many bytes or more is sent as it is, never merged into another.
+MERGE_FRAME_MIN_ALONE = 16 * 1024
+
+
 def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
     """Turn transcript records into frames, merging consecutive stream records.
 
@@ -163,7 +167,7 @@ def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
         record = records[start]
         message = record.message
         end = start + 1
-        if message.stream_name is not None:
+        if message.stream_name is not None and message.size < MERGE_FRAME_MIN_ALONE:
             run_bytes = message.size
             previous = record.seq
             while end < count:
@@ -172,6 +176,7 @@ def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
                 if (
                     following.seq != previous + 1
                     or not continues(message, other)
+                    or other.size >= MERGE_FRAME_MIN_ALONE
                     or run_bytes + other.size > max_bytes
                 ):
                     break
@@ -188,12 +193,25 @@ def frames_from_records(records: list[Record], max_bytes: int) -> list[Frame]:
 
 
 def merge_runs(frames: list[Frame], max_bytes: int) -> list[Frame]:
-    """Merge each run of mergeable frames into one frame of at most ``max_bytes``."""
+    """Merge each run of mergeable frames into one frame of at most ``max_bytes``.
+
+    Only frames under :data:`MERGE_FRAME_MIN_ALONE` bytes are merged. A larger one (the
+    broker's merge of a burst) is already few frames for its bytes, and is shared by
+    every client and encoded once; merged again it would be a frame of one client's own,
+    its text joined and encoded for that client alone. With 100 clients behind a 4 KiB
+    firehose, each at its own position, that was 95 % of the daemon's CPU (py-spy).
+    """
     merged: list[Frame] = []
     run: list[Frame] = []
     run_bytes = 0
     for frame in frames:
-        if run and run[-1].can_merge(frame) and run_bytes + frame.size <= max_bytes:
+        if (
+            run
+            and frame.size < MERGE_FRAME_MIN_ALONE
+            and run[0].size < MERGE_FRAME_MIN_ALONE
+            and run[-1].can_merge(frame)
+            and run_bytes + frame.size <= max_bytes
+        ):
             run.append(frame)
             run_bytes += frame.size
             continue

@@ -37,6 +37,7 @@ __all__ = [
     "Signer",
     "decode_zmq_message",
     "dumps_json",
+    "dumps_stream_content",
     "invalid_placeholder",
     "load_json_object",
     "split_identities",
@@ -450,6 +451,18 @@ def dumps_json(value: Any, *, compact: bool = False) -> bytes:
         ).encode()
     except UnicodeEncodeError:
         return json.dumps(value, allow_nan=False, separators=separators).encode()
+
+
+def dumps_stream_content(name: str, text: str) -> bytes:
+    """A ``stream`` message's content, ``{"name": name, "text": text}``, as compact UTF-8
+    JSON. With orjson: a merged frame's text may be a megabyte, and ``json.dumps`` of it
+    was 77 % of the daemon's CPU with 100 clients behind a 4 KiB firehose, each with a merge
+    of its own (py-spy). A text orjson refuses (a lone surrogate) goes to
+    :func:`dumps_json`, which escapes it."""
+    try:
+        return orjson.dumps({"name": name, "text": text})
+    except orjson.JSONEncodeError:
+        return dumps_json({"name": name, "text": text}, compact=True)
 
 
 def _object_part(raw: bytes, what: str) -> tuple[bytes, dict[str, Any]]:

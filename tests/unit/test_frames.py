@@ -7,7 +7,12 @@ import json
 import pytest
 from helpers import frame, make_message, record, status, stream
 
-from kernel_gateway_stream.core.frames import Frame, frames_from_records, merge_runs
+from kernel_gateway_stream.core.frames import (
+    MERGE_FRAME_MIN_ALONE,
+    Frame,
+    frames_from_records,
+    merge_runs,
+)
 from kernel_gateway_stream.core.wire import SEQ_METADATA_KEY, Protocol, decode_v1
 
 
@@ -168,6 +173,27 @@ def test_merge_runs_keeps_an_oversized_frame_whole() -> None:
     assert merged[1] is big
 
 
+def test_merge_runs_leaves_a_large_frame_as_it_is() -> None:
+    """Invariant 4: a frame of MERGE_FRAME_MIN_ALONE bytes or more (the broker's merge of
+    a burst) is sent as it is, shared and encoded once, not merged again for one client;
+    small frames around it still merge."""
+    big_text = "x" * MERGE_FRAME_MIN_ALONE
+    frames = [
+        frame(1, stream("stdout", "a")),
+        frame(2, stream("stdout", "b")),
+        frame(3, stream("stdout", big_text)),
+        frame(4, stream("stdout", big_text)),
+        frame(5, stream("stdout", "c")),
+        frame(6, stream("stdout", "d")),
+    ]
+    merged = merge_runs(frames, max_bytes=1 << 20)
+    assert _ranges(merged) == [(1, 2), (3, 3), (4, 4), (5, 6)]
+    assert merged[1] is frames[2]
+    assert merged[2] is frames[3]
+    records = [record(f.last_seq or 0, f.message) for f in frames]
+    assert _ranges(frames_from_records(records, 1 << 20)) == _ranges(merged)
+
+
 def test_merge_runs_never_crosses_other_messages() -> None:
     """Invariant 6: a non-stream message, another parent or stream name ends a run."""
     frames = [
@@ -234,7 +260,7 @@ def test_frames_from_records_makes_the_runs_merge_runs_makes(seed: int) -> None:
         if rng.random() < 0.1:
             message = status(rng.choice(["busy", "idle"]), rng.choice(["p", "q"]))
         else:
-            text = "x" * rng.randrange(0, 90)
+            text = "x" * rng.choice((rng.randrange(0, 90), MERGE_FRAME_MIN_ALONE))
             message = stream(rng.choice(["stdout", "stderr"]), text, rng.choice(["p", "q"]))
         records.append(record(seq, message))
     max_bytes = rng.choice([1, 500, 4000, 1 << 20])

@@ -36,6 +36,7 @@ from kernel_gateway_stream.core.messages import (
     _plain_object,
     decode_zmq_message,
     dumps_json,
+    dumps_stream_content,
     invalid_placeholder,
     peek_stream,
     split_identities,
@@ -462,3 +463,18 @@ def _past_64_bits_as_float(value: Any) -> Any:
     if type(value) is int and not -(2**63) <= value < 2**64:
         return float(value)
     return value
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(["stdout", "stderr", "é"]), st.text())
+def test_stream_content_is_strict_utf8_json_of_the_same_text(name: str, text: str) -> None:
+    """A merged frame's content (encoded with orjson, or the standard library for a lone
+    surrogate orjson refuses) parses, strictly, back to the same name and text."""
+    content = dumps_stream_content(name, text)
+    assert json.loads(content.decode("utf-8")) == {"name": name, "text": text}
+
+
+def test_stream_content_escapes_a_lone_surrogate() -> None:
+    content = dumps_stream_content("stdout", "a\ud800b")
+    assert b"\\ud800" in content
+    assert json.loads(content) == {"name": "stdout", "text": "a\ud800b"}
