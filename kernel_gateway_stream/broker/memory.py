@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from traitlets import Float, Int
 
@@ -20,7 +19,6 @@ class _Topic:
     """One kernel: its coalescer, its subscribers and the timer for the coalescing window."""
 
     __slots__ = (
-        "clock",
         "coalescer",
         "head",
         "loop",
@@ -36,9 +34,8 @@ class _Topic:
         self.subscribers: dict[FrameSink, None] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.timer_deadline: float | None = None
-        #: The event loop and its clock, found on the first record (see :meth:`now`).
+        #: The event loop, found on the first record (see :meth:`now`).
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.clock: Callable[[], float] | None = None
         #: True while frames fanned out this turn of the loop are being written.
         self.writing = False
 
@@ -46,11 +43,10 @@ class _Topic:
         """The event loop's time. ``asyncio.get_running_loop()`` calls ``getpid()`` (it
         checks the loop was not inherited through a fork): a system call, which cost 8 %
         of the daemon's CPU in a firehose when asked once a record (py-spy --native)."""
-        clock = self.clock
-        if clock is None:
-            self.loop = asyncio.get_running_loop()
-            clock = self.clock = self.loop.time
-        return clock()
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        return loop.time()
 
 
 class MemoryBroker(Broker):

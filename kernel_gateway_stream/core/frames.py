@@ -106,10 +106,13 @@ class Frame:
 
     def framed(self, protocol: Protocol) -> bytes:
         """:meth:`encode`'s payload as a whole WebSocket frame (header and payload), built
-        once per protocol however many clients it is written to."""
+        once per protocol however many clients it is written to. The payload alone is not
+        kept as well: a frame queued for a client that fell behind would hold its bytes
+        twice, and the queue's bound counts them once."""
         framed = self._framed.get(protocol)
         if framed is None:
-            framed = self._framed[protocol] = websocket_frame(*self.encode(protocol))
+            encoded = self._encoded.get(protocol) or self._encode(protocol)
+            framed = self._framed[protocol] = websocket_frame(*encoded)
         return framed
 
     def _encode(self, protocol: Protocol) -> tuple[bytes, bool]:

@@ -13,7 +13,7 @@ from kernel_gateway_stream.core.frames import (
     frames_from_records,
     merge_runs,
 )
-from kernel_gateway_stream.core.wire import SEQ_METADATA_KEY, Protocol, decode_v1
+from kernel_gateway_stream.core.wire import SEQ_METADATA_KEY, Protocol, decode_v1, websocket_frame
 
 
 def _texts(frames: list[Frame]) -> list[str | None]:
@@ -46,6 +46,15 @@ def test_encode_is_cached_per_protocol() -> None:
     assert f.encode(Protocol.V1) is v1
     assert legacy[0] is f.encode(Protocol.LEGACY)[0]
     assert legacy != v1
+
+
+def test_framed_is_the_encoding_as_one_websocket_frame_built_once() -> None:
+    """Invariant 4: the whole WebSocket frame is built once per protocol, and holds the
+    same payload as encode()."""
+    f = frame(1, stream("stdout", "a"))
+    framed = f.framed(Protocol.V1)
+    assert f.framed(Protocol.V1) is framed
+    assert framed == websocket_frame(*f.encode(Protocol.V1))
 
 
 def test_record_frame_carries_its_seq_in_metadata() -> None:
