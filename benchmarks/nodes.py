@@ -77,6 +77,11 @@ async def nodes(home: Path, plan: sc.Plan) -> list[Row]:
     return rows
 
 
+#: The two systems of the per-message rows (and the latency rows' first).
+LOCAL = "one node, in-process bus and SQLite"
+ON_REDIS = "one node on Redis"
+
+
 async def _start(system: System, where: Path, home: Path, *, redis: bool) -> Server:
     server = Server(system, where, home / "jp")
     saved = os.environ.pop("KGS_REDIS_URL", None)
@@ -93,7 +98,7 @@ async def _start(system: System, where: Path, home: Path, *, redis: bool) -> Ser
 async def _latency(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
     rows = []
     for label, system, redis in (
-        ("one node, in-process bus and SQLite", GATEWAY, False),
+        (LOCAL, GATEWAY, False),
         ("one node on Redis (committed-only)", _cluster_system("on Redis", prefix + "lat:"), True),
     ):
         server = await _start(system, home / "nodes" / f"lat-{redis}", home, redis=redis)
@@ -133,8 +138,8 @@ async def _latency(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
 async def _per_message(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
     rows = []
     for label, system, redis in (
-        ("one node, in-process bus and SQLite", GATEWAY, False),
-        ("one node on Redis", _cluster_system("on Redis", prefix + "pm:"), True),
+        (LOCAL, GATEWAY, False),
+        (ON_REDIS, _cluster_system("on Redis", prefix + "pm:"), True),
     ):
         server = await _start(system, home / "nodes" / f"pm-{redis}", home, redis=redis)
         try:
