@@ -74,6 +74,30 @@ class ConnectionSession:
         return self.session.encode()
 
 
+#: Frames of one write whose bytes add up to less than this are joined into one piece (a
+#: small copy); larger writes go out as the frames themselves, which every client shares:
+#: joining 100 clients' megabytes of large frames, each into a buffer of its own, cost
+#: more than a third of the daemon's CPU (allocating, copying and freeing them).
+JOIN_BELOW = 64 * 1024
+#: At most this many pieces in one ``sendmsg`` (Linux's IOV_MAX is 1,024); more are joined.
+SENDMSG_MAX = 512
+
+
+def _write_after(stream: IOStream, pieces: list[bytes], skip: int) -> asyncio.Future[None]:
+    """Hand ``pieces`` but their first ``skip`` bytes to tornado's stream, without joining
+    them (it keeps a view of each large one, and writes it when the socket takes more).
+    The last write's future resolves once everything before it is written too."""
+    future = None
+    for piece in pieces:
+        if skip >= len(piece):
+            skip -= len(piece)
+            continue
+        future = stream.write(memoryview(piece)[skip:] if skip else piece)
+        skip = 0
+    assert future is not None  # called only when something is left to write
+    return future
+
+
 class StreamChannelsConnection(BaseKernelWebsocketConnection):
     """One client's channels connection; ``ServerApp.kernel_websocket_connection_class``."""
 
@@ -326,7 +350,8 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         """Write ``frames`` to the socket now; the returned future resolves on flush.
 
         Without compression (jupyter_server's default) the frames go to the socket's
-        stream whole, framed once for every client (:meth:`Frame.framed`), in one write:
+        stream whole, framed once for every client (:meth:`Frame.framed`), in one write
+        (one ``send``, or one ``sendmsg`` of the shared frames when they are large):
         tornado's ``write_message`` would frame each again per client and wrap each write
         in a task, so the future of a write the socket took at once would still be pending
         and every next frame would wake the subscriber's writer (py-spy: half the daemon's
@@ -347,23 +372,26 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         ):
             return self._write_messages(frames)
         protocol = self._protocol
-        if len(frames) == 1:
-            data = frames[0].framed(protocol)
-        else:
-            data = b"".join([frame.framed(protocol) for frame in frames])
+        pieces = [frame.framed(protocol) for frame in frames]
+        size = sum(map(len, pieces))
+        if len(pieces) > 1 and (size <= JOIN_BELOW or len(pieces) > SENDMSG_MAX):
+            pieces = [b"".join(pieces)]
         try:
             if type(stream) is IOStream and not stream.writing() and not stream.closed():
                 try:
-                    written = stream.socket.send(data)
+                    if len(pieces) == 1:
+                        written = stream.socket.send(pieces[0])
+                    else:
+                        written = stream.socket.sendmsg(pieces)
                 except BlockingIOError:
                     written = 0
                 except OSError as error:  # reset, broken pipe: the client is gone
                     stream.close(exc_info=error)
                     raise TransportClosed from error
-                if written == len(data):
+                if written == size:
                     return None
-                return stream.write(memoryview(data)[written:])
-            return stream.write(data)
+                return _write_after(stream, pieces, written)
+            return _write_after(stream, pieces, 0)
         except StreamClosedError as error:
             raise TransportClosed from error
 
