@@ -3,9 +3,9 @@
 * **fanout**: one kernel's burst to 300 clients on one node, against 100 on each of three
   nodes (two of them fed by the record bus): seconds until every client has everything,
   and the CPU seconds of all the servers together.
-* **per message**: the 20,000-line flood to one client on one node with the embedded
-  defaults (SQLite, in-process), against one node on Redis (Streams store): the cost of
-  the Redis path.
+* **per message**: the 20,000-line flood and the firehose kernel's 100,000 lines of 64 B,
+  each to one client, on one node with the embedded defaults (SQLite, in-process), against
+  one node on Redis (Streams store): the cost of the Redis path (``cpu_x_one_node``).
 * **committed-only delivery**: a line printed every 10 ms, to one client on the node that
   records the kernel: time from the kernel's print (its clock, in the line) to the
   client, p50 and p99, with one node in-process (SQLite; live delivery before commit)
@@ -136,6 +136,15 @@ async def _latency(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
 
 
 async def _per_message(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
+    """The flood (ipykernel's flushed prints) and the firehose kernel's first workload
+    (issue 23: the Redis firehose), each to one client, on one node in-process and on one
+    node on Redis; each Redis row says how it compares with its in-process row."""
+    count, size = plan.throughput[0]
+    workloads = (
+        (f"flood of {plan.flood_lines:,} lines, 1 client", "python3", plan.flood_lines,
+         sc.FLOOD.format(n=plan.flood_lines)),
+        (f"firehose {count:,} x {size} B, 1 client", "firehose", count, sc.firehose(count, size)),
+    )  # fmt: skip
     rows = []
     for label, system, redis in (
         (LOCAL, GATEWAY, False),
@@ -143,27 +152,31 @@ async def _per_message(home: Path, plan: sc.Plan, prefix: str) -> list[Row]:
     ):
         server = await _start(system, home / "nodes" / f"pm-{redis}", home, redis=redis)
         try:
-            kernel_id = await server.start_kernel()
-            code = sc.FLOOD.format(n=plan.flood_lines)
-            seconds, tallies, cpu, finished = await sc.run_on(
-                server, kernel_id, "v1", code, 1, plan.timeout * 4, repeats=3
-            )
-            await server.shutdown_kernel(kernel_id)
+            for case, kernel, messages, code in workloads:
+                kernel_id = await server.start_kernel(kernel)
+                seconds, tallies, cpu, finished = await sc.run_on(
+                    server, kernel_id, "v1", code, 1, plan.timeout * 4, repeats=3
+                )
+                await server.shutdown_kernel(kernel_id)
+                rows.append(
+                    sc.row(
+                        "nodes",
+                        label,
+                        case,
+                        seconds=seconds,
+                        cpu_seconds=cpu,
+                        server_us_per_message=1e6 * cpu / messages,
+                        lines=sc.delivered(tallies)[0],
+                        finished=finished,
+                    )
+                )
         finally:
             await server.stop()
-        rows.append(
-            sc.row(
-                "nodes",
-                label,
-                f"flood of {plan.flood_lines:,} lines, 1 client",
-                seconds=seconds,
-                cpu_seconds=cpu,
-                server_us_per_message=1e6 * cpu / plan.flood_lines,
-                lines=sc.delivered(tallies)[0],
-                finished=finished,
-            )
-        )
-    rows[1]["x_one_node"] = rows[1]["seconds"] / rows[0]["seconds"]
+    for mine in rows:
+        local = next(r for r in rows if r["system"] == LOCAL and r["case"] == mine["case"])
+        if mine is not local:
+            mine["x_one_node"] = mine["seconds"] / local["seconds"]
+            mine["cpu_x_one_node"] = mine["server_us_per_message"] / local["server_us_per_message"]
     return rows
 
 

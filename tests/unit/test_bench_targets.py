@@ -86,7 +86,9 @@ def test_issue_23_targets_come_from_the_right_rows() -> None:
         {"scenario": "nodes", "system": LOCAL, "case": "flood of 20,000 lines, 1 client",
          "server_us_per_message": 100.0},
         {"scenario": "nodes", "system": ON_REDIS, "case": "flood of 20,000 lines, 1 client",
-         "server_us_per_message": 110.0},
+         "server_us_per_message": 110.0, "cpu_x_one_node": 1.1},
+        {"scenario": "nodes", "system": ON_REDIS, "case": "firehose 100,000 x 64 B, 1 client",
+         "server_us_per_message": 40.0, "cpu_x_one_node": 1.6},
     ]  # fmt: skip
     add_ratios(rows)
     assert rows[1]["x_floor"] == 0.8
@@ -101,7 +103,13 @@ def test_issue_23_targets_come_from_the_right_rows() -> None:
     assert ratio["measured"] == 0.2
     rate = found["firehose 100,000 x 64 B: >= 1.0 x the floor loop's rate"]
     assert (rate["measured"], rate["met"]) == (0.8, False)
-    redis = found["(23) one node on Redis: CPU per message <= 1.15 x in-process"]
-    assert (round(redis["measured"], 3), redis["met"]) == (1.1, True)  # the flood rows
+    flood = found[
+        "(23) one node on Redis, flood of 20,000 lines: CPU per message <= 1.15 x in-process"
+    ]
+    assert (flood["measured"], flood["met"]) == (1.1, True)
+    firehose = found[
+        "(23) one node on Redis, firehose 100,000 x 64 B: CPU per message <= 1.15 x in-process"
+    ]
+    assert (firehose["measured"], firehose["met"]) == (1.6, False)
     wide = found["(23) fan-out to 100 clients, 4096 B: server CPU <= 2 x one client's"]
     assert (wide["measured"], wide["met"]) == (1.8, True)
