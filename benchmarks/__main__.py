@@ -30,7 +30,7 @@ import jupyter_server
 import kernel_gateway
 import zmq
 
-from . import faults, nodes, pool
+from . import faults, idle_floor, nodes, pool
 from . import scenarios as sc
 from .firehose import install_kernelspec
 from .systems import SYSTEMS, Server, System
@@ -93,6 +93,8 @@ async def run_references(plan: sc.Plan, only: set[str]) -> list[Row]:
         rows += await sc.throughput_floor(plan)
     if "latency" in only:
         rows.append(await sc.latency_direct(plan))
+    if "idle_memory" in only:
+        rows.append(await idle_floor.measure(plan.idle_clients))
     print("  references done", flush=True)
     return rows
 
@@ -116,6 +118,7 @@ def add_ratios(rows: list[Row]) -> None:
     the same system with one client."""
     direct = find(rows, "loss", "direct ZMQ (jupyter_client)")
     latency_direct = find(rows, "latency", "direct ZMQ (jupyter_client)")
+    idle = find(rows, "idle_memory", idle_floor.SYSTEM)
     for item in rows:
         scenario = item["scenario"]
         if scenario == "loss" and direct and item is not direct:
@@ -139,6 +142,8 @@ def add_ratios(rows: list[Row]) -> None:
                 item["x_one_client"] = item["seconds"] / one["seconds"]
             if one and one.get("cpu_seconds") and item.get("cpu_seconds") is not None:
                 item["cpu_x_one_client"] = item["cpu_seconds"] / one["cpu_seconds"]
+        elif scenario == "idle_memory" and idle and item is not idle:
+            item["kib_over_floor"] = item["kib_per_client"] - idle["kib_per_client"]
         elif scenario == "latency" and latency_direct and item is not latency_direct:
             item["added_p50_ms"] = item["p50_ms"] - latency_direct["p50_ms"]
             item["added_p99_ms"] = item["p99_ms"] - latency_direct["p99_ms"]
@@ -227,6 +232,7 @@ COLUMNS = {
         "rss_before_mib",
         "rss_after_mib",
         "kib_per_client",
+        "kib_over_floor",
         "live_clients",
         "note",
     ],
