@@ -106,40 +106,56 @@ def decode_chunk(
         MalformedMessage: the bytes are not a chunk (truncated, lengths past its end).
     """
     records = []
-    view = memoryview(data)
     offset, end = 0, len(data)
     fixed_size = _FIXED.size
     unpack = _FIXED.unpack_from
+    append = records.append
     try:
         while offset < end:
             (seq, at, span, parent_ref, n_type, n_id, n_header, n_metadata, n_content, count) = (
                 unpack(data, offset)
             )
             offset += fixed_size
-            lengths = struct.unpack_from("<%dI" % count, data, offset) if count else ()
-            offset += 4 * count
-            msg_type = bytes(view[offset : offset + n_type]).decode()
+            if count:
+                lengths = struct.unpack_from("<%dI" % count, data, offset)
+                offset += 4 * count
+            # Slices of the bytes themselves: one copy each (a memoryview's slice, then
+            # bytes of it, made two objects per part).
+            start = offset
             offset += n_type
-            msg_id = bytes(view[offset : offset + n_id]).decode()
+            msg_type = _type_text(data[start:offset])
+            start = offset
             offset += n_id
-            header = bytes(view[offset : offset + n_header])
+            msg_id = data[start:offset].decode()
+            start = offset
             offset += n_header
-            metadata = bytes(view[offset : offset + n_metadata])
+            header = data[start:offset]
+            start = offset
             offset += n_metadata
-            content = bytes(view[offset : offset + n_content])
+            metadata = data[start:offset]
+            start = offset
             offset += n_content
-            buffers = []
-            for length in lengths:
-                buffers.append(bytes(view[offset : offset + length]))
-                offset += length
+            content = data[start:offset]
+            buffers: list[bytes] = []
+            if count:
+                for length in lengths:
+                    start = offset
+                    offset += length
+                    buffers.append(data[start:offset])
             if offset > end:
                 raise MalformedMessage("chunk truncated")
             parent = (parents(parent_ref) if parent_ref != NO_PARENT else None) or _EMPTY_PARENT
             message = _message(msg_type, msg_id, header, parent, metadata, content, buffers)
-            records.append(Record(kernel_id, seq, at, message, span))
+            append(Record(kernel_id, seq, at, message, span))
     except (struct.error, UnicodeDecodeError) as error:
         raise MalformedMessage("not a chunk of records") from error
     return records
+
+
+@functools.lru_cache(maxsize=256)
+def _type_text(raw: bytes) -> str:
+    """A stored msg_type as text; the few a kernel sends are decoded once."""
+    return raw.decode()
 
 
 def _message(
