@@ -105,7 +105,7 @@ def decode_chunk(
     Raises:
         MalformedMessage: the bytes are not a chunk (truncated, lengths past its end).
     """
-    records = []
+    records: list[Record] = []
     offset, end = 0, len(data)
     fixed_size = _FIXED.size
     unpack = _FIXED.unpack_from
