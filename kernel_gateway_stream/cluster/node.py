@@ -126,7 +126,8 @@ class ClusterNode(LoggingConfigurable):
         help="Seconds a pass over the kernel directory may wait on Redis before health says "
         "the cluster is degraded (directory_stalled): a paused Redis, or one the network cut "
         "off, fails no request until the socket times out. A pass takes milliseconds; health "
-        "may say ok for up to sync_interval + stall_after after Redis stops answering.",
+        "may say ok for up to sync_interval + stall_after after Redis stops answering (after "
+        "the last pass that ended well: a pass that a busy node starts late counts too).",
     )
     advertise_url = Unicode(
         "",
@@ -186,6 +187,8 @@ class ClusterNode(LoggingConfigurable):
         self.last_error: str | None = None
         #: When the pass over the directory under way began (monotonic), else None.
         self._pass_started: float | None = None
+        #: When the last pass over the directory ended well (None before the first).
+        self._pass_ended: float | None = None
         #: This node's URL for the others (set by the application) and its token.
         self.url = self.advertise_url
         self.token = ""
@@ -386,6 +389,7 @@ class ClusterNode(LoggingConfigurable):
                 if self.last_error is not None:
                     self.log.info("The kernel directory in Redis is reachable again")
                 self.last_error = None
+                self._pass_ended = time.monotonic()
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # Redis unreachable: try again next time
@@ -818,8 +822,16 @@ class ClusterNode(LoggingConfigurable):
         }
         if self.last_error is not None:
             return ComponentHealth("cluster", State.DEGRADED, "directory_unreachable", details)
+        now = time.monotonic()
         started = self._pass_started
-        waiting = 0.0 if started is None else time.monotonic() - started
+        waiting = 0.0 if started is None else now - started
+        # Also by the last pass that ended well: passes follow each other sync_interval
+        # apart, so none for longer than that and stall_after means one is stuck, or never
+        # began because this node's loop was busy (then a pass that starts late has waited
+        # no time yet when health is asked, and health said ok 2 s into a Redis pause).
+        ended = self._pass_ended
+        if ended is not None and now - ended > self.sync_interval + self.stall_after:
+            waiting = max(waiting, now - ended - self.sync_interval)
         if waiting > self.stall_after:
             details["pass_waiting_seconds"] = round(waiting, 1)
             return ComponentHealth("cluster", State.DEGRADED, "directory_stalled", details)
