@@ -16,7 +16,11 @@ ever, and a seq means one message":
   they stand (a gap's ``lost``, else its range; ``lost: null`` says "unknown" and never
   understates);
 * **executions that never end**: a burst the kernel ran with no ``idle`` status in the
-  transcript (and, counted apart, on a client);
+  transcript though the transcript holds something of it, or nothing and no gap where it
+  would be (and, counted apart, on a client). A burst of which the transcript holds
+  nothing at all, behind a gap, is counted apart as *lost whole*: the transcript does not
+  show it running, it says its seqs were lost (what an emptied Redis does to executions
+  older than the ends its nodes keep), and its lines count as lost;
 * **health ok while writes failed**: a node's ``/api/gateway/health`` said ``ok`` while
   that node could not reach Redis, ``grace`` seconds after it lost it.
 
@@ -166,6 +170,8 @@ class Counts:
     understated_gaps: int = 0
     never_ended: int = 0
     never_ended_on_clients: int = 0
+    #: Bursts the transcript holds nothing of, behind a gap (not a broken rule).
+    lost_whole: int = 0
     health_ok_while_failing: int = 0
     #: Lines the kernel printed that the transcript lacks (inside gaps or not).
     lines_lost: int = 0
@@ -485,10 +491,13 @@ def check(
     ended = _ended(transcript)
     ended_on = [_ended(client) for client in clients]
     end_gaps = _end_gaps(transcript, bursts, flood)
+    touched = {event.parent for event in transcript.events if isinstance(event, Delivery)}
     for burst in bursts:
         gap = end_gaps[burst.msg_id]
         kind = timeline.kind_at(burst.ended if gap is None else gap.at)
-        if burst.msg_id not in ended:
+        if burst.msg_id not in touched and gap is not None:
+            report.add(kind, "lost_whole")
+        elif burst.msg_id not in ended:
             where = (
                 "no gap where it would be"
                 if gap is None

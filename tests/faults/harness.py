@@ -502,6 +502,7 @@ COLUMNS = (
     ("understated_gaps", "understated gaps"),
     ("never_ended", "never ended"),
     ("never_ended_on_clients", "never ended (client x execution)"),
+    ("lost_whole", "lost whole (executions)"),
     ("health_ok_while_failing", "health ok while failing"),
     ("delivered_not_durable", "delivered, not durable"),
 )

@@ -160,6 +160,25 @@ def test_an_execution_that_never_ends_is_found() -> None:
     assert report.total.never_ended_on_clients == 1
 
 
+def test_an_execution_lost_whole_behind_a_gap_is_not_one_that_never_ends() -> None:
+    # Redis forgot everything of the burst (its busy, lines and idle): the transcript has
+    # a gap where all of it was, and nothing that shows it running.
+    faults = [Fault("redis_restart", "redis", 17.0, 18.0)]
+    lost = History("transcript", (Gap(1, 11, "store_lost", at=17.5),))
+    report = check([], lost, [BURST], faults)
+    assert report.total.never_ended == 0
+    assert report.by_kind["redis_restart"].lost_whole == 1
+    assert report.total.lines_lost == 10
+    # Without the gap, the same burst is silent loss and an execution that never ended.
+    report = check([], History("transcript", ()), [BURST], faults)
+    assert report.total.never_ended == 1
+    assert report.total.lost_whole == 0
+    # With a line of it left, it shows running: it never ended.
+    some = History("transcript", (Gap(1, 9, "store_lost", at=17.5), line(10, 9)))
+    report = check([], some, [BURST], faults)
+    assert (report.total.never_ended, report.total.lost_whole) == (1, 0)
+
+
 def test_a_delivery_the_transcript_holds_as_a_gap_is_counted_apart() -> None:
     transcript = History("transcript", (*clean_transcript().events[:5], Gap(6, 6, "store_lost"),
                                         *clean_transcript().events[6:]))  # fmt: skip
