@@ -4,12 +4,19 @@ the time until all have everything, and the frames each got.
     python -m benchmarks.fanout_cost                      # 1 and 1,000 clients, 2,000 lines
     python -m benchmarks.fanout_cost --clients 1 100 1000 --messages 2000 --repeats 5
     python -m benchmarks.fanout_cost --clients 1 100 --messages 10000 --size 4096
+    python -m benchmarks.fanout_cost --clients 100 --messages 5000 --size 4096 --send-floor
 
 The gateway on its defaults (SQLite, in-process broker) and a firehose kernel; the clients
 all live in this process, as in ``python -m benchmarks --only fanout``, whose runs this
 repeats with two more figures: this process's CPU (on 2 cores the clients' reading bounds
 the time before the server does) and the stream frames per client (what coalescing made of
 the lines). Each figure is the median of ``--repeats`` runs on the same sockets.
+
+``--send-floor`` measures, instead of the gateway, what any server pays to copy the same
+bytes into that many loopback sockets: one thread sends them in pieces of ``--piece``
+bytes (64 KiB by default: about the broker's frames of a 4 KiB flood), a piece to each
+socket in turn, while another thread reads and drops them; the sending thread's CPU
+(``time.thread_time``) is the figure. Sending N copies of the output costs at least that.
 
 To compare two commits, run this in each tree in turn (A, B, A, B): the daemon it starts
 is the package of the directory it runs in.
@@ -19,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import selectors
+import socket
 import statistics
+import threading
 import time
 
 from .profile import warmed_gateway
@@ -68,13 +78,70 @@ async def main(counts: list[int], messages: int, size: int, repeats: int) -> Non
             await asyncio.sleep(1.0)
 
 
+def send_floor(clients: int, total: int, piece: int = 64 * 1024) -> float:
+    """CPU seconds one thread spends sending ``total`` bytes to each of ``clients`` loopback
+    sockets, ``piece`` bytes to each in turn, while another thread drains them."""
+    pairs = []
+    for _ in range(clients):
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            client = socket.create_connection(server.getsockname())
+            pairs.append((server.accept()[0], client))
+    drain = threading.Thread(target=_drain, args=([client for _, client in pairs],))
+    drain.start()
+    data = b"x" * piece
+    started = time.thread_time()
+    try:
+        for _ in range(total // piece):
+            for sender, _ in pairs:
+                sender.sendall(data)
+    finally:
+        for sender, _ in pairs:
+            sender.close()
+    used = time.thread_time() - started
+    drain.join()
+    return used
+
+
+def _drain(connections: list[socket.socket]) -> None:
+    selector = selectors.DefaultSelector()
+    for connection in connections:
+        connection.setblocking(False)
+        selector.register(connection, selectors.EVENT_READ)
+    left = len(connections)
+    while left:
+        for key, _ in selector.select():
+            ready = key.fileobj
+            assert isinstance(ready, socket.socket)
+            try:
+                data = ready.recv(1 << 20)
+            except BlockingIOError:
+                continue
+            if not data:
+                selector.unregister(ready)
+                ready.close()
+                left -= 1
+
+
 def cli() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 1000])
     parser.add_argument("--messages", type=int, default=2_000)
     parser.add_argument("--size", type=int, default=64, help="bytes of each line")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--send-floor", action="store_true", help="see the module docstring")
+    parser.add_argument(
+        "--piece", type=int, default=64 * 1024, help="--send-floor: bytes of each send"
+    )
     args = parser.parse_args()
+    if args.send_floor:
+        for clients in args.clients:
+            total = args.messages * args.size
+            runs = [send_floor(clients, total, args.piece) for _ in range(args.repeats)]
+            print(
+                f"{clients:>5} sockets, {total / 1e6:.1f} MB each: the sending thread's CPU"
+                f" {statistics.median(runs):.3f} s (median of {args.repeats})"
+            )
+        return
     asyncio.run(main(args.clients, args.messages, args.size, args.repeats))
 
 
