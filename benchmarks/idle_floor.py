@@ -1,6 +1,7 @@
 """The idle-memory reference: what one idle WebSocket client costs a bare tornado server.
 
     python -m benchmarks.idle_floor --clients 1000
+    python -m benchmarks.idle_floor --clients 500 --breakdown
 
 A process of its own serves ``/api/kernels/<id>/channels`` with a tornado
 ``WebSocketHandler`` that accepts the v1 subprotocol and does nothing else (no kernel, no
@@ -8,6 +9,10 @@ authentication, no jupyter_server); the benchmark's own clients connect to it as
 connect to every system, and the row is the growth of its resident memory per client, as
 ``python -m benchmarks --only idle_memory`` measures each system. What a gateway's client
 costs above this is its own.
+
+``--breakdown`` measures the gateway instead, with ``tracemalloc`` on
+(:mod:`.traced_daemon`): the Python heap's growth per idle client, by the package that
+allocated it (tornado, jupyter_server, traitlets, asyncio, the gateway's own modules).
 """
 
 from __future__ import annotations
@@ -94,13 +99,82 @@ async def measure(clients: int) -> Row:
     )
 
 
+async def breakdown(clients: int) -> list[tuple[str, float]]:
+    """KiB of Python heap per idle client of the gateway, by who allocated it, largest
+    first (the last entry is the total)."""
+    import signal as signals
+    import tempfile
+    import tracemalloc
+    from pathlib import Path
+
+    from .firehose import install_kernelspec
+    from .scenarios import connect_many
+    from .systems import GATEWAY, Server
+
+    home = Path(tempfile.mkdtemp(prefix="kgs-idle-"))
+    install_kernelspec(home / "jp")
+    os.environ["JUPYTER_PATH"] = str(home / "jp")
+    snapshots = home / "heap"
+    server = Server(GATEWAY, home / "gateway", home / "jp")
+    argv = server.argv()
+    argv[argv.index("kernel_gateway_stream")] = "benchmarks.traced_daemon"
+    server.argv = lambda: argv  # type: ignore[method-assign]
+    os.environ["KGS_BENCH_SNAPSHOT"] = str(snapshots)
+    await server.start()
+    sockets = []
+    try:
+        kernel_id = await server.start_kernel("firehose")
+        sockets = await connect_many(server.port, kernel_id, "v1", 1)
+        for count in (0, clients):
+            sockets += await connect_many(server.port, kernel_id, "v1", count) if count else []
+            await asyncio.sleep(2.0)
+            assert server.process is not None
+            server.process.send_signal(signals.SIGUSR2)
+            for _ in range(100):
+                if Path(f"{snapshots}.{1 if count else 0}").exists():
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # the dump is written whole
+    finally:
+        for ws in sockets:
+            ws.close()
+        await server.stop()
+    before = tracemalloc.Snapshot.load(f"{snapshots}.0")
+    after = tracemalloc.Snapshot.load(f"{snapshots}.1")
+    owners: dict[str, float] = {}
+    for stat in after.compare_to(before, "filename"):
+        name = stat.traceback[0].filename
+        owner = next(
+            (
+                label
+                for key, label in (
+                    ("kernel_gateway_stream", "kernel_gateway_stream"),
+                    ("tornado", "tornado"),
+                    ("jupyter_server", "jupyter_server"),
+                    ("traitlets", "traitlets"),
+                    ("asyncio", "asyncio"),
+                )
+                if key in name
+            ),
+            "other",
+        )
+        owners[owner] = owners.get(owner, 0.0) + stat.size_diff / clients / 1024
+    ranked = sorted(owners.items(), key=lambda item: -item[1])
+    return [*ranked, ("all", sum(owners.values()))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--breakdown", action="store_true", help="see the module docstring")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
+        return
+    if args.breakdown:
+        for owner, kib in asyncio.run(breakdown(args.clients)):
+            print(f"{owner:>22}: {kib:5.1f} KiB of Python heap per idle client")
         return
     result = asyncio.run(measure(args.clients))
     print(
