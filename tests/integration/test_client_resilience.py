@@ -248,11 +248,17 @@ def gateway(
 
 
 async def test_a_slow_reader_pushes_back_and_the_gateway_drops_and_resumes_it(
-    gateway: tuple[str, str],
+    gateway: tuple[str, str], tmp_path: Path
 ) -> None:
     """The client reads nothing ahead: while its caller pauses, TCP fills up, the gateway's
     queue for it overflows and it gets ``slow_consumer``; it then resumes from the
-    transcript and the caller still sees every byte, once, in order."""
+    transcript and the caller still sees every byte, once, in order.
+
+    The flood starts only once the reader has its first line (the kernel waits for a file
+    the test makes then), so the reader's stream is live when it stops reading: one that
+    connected after the flood was recorded reads it as a replay, page by page, which waits
+    for the reader instead of dropping it (a loaded run's reader once connected that late,
+    read everything as a replay and was never dropped)."""
     url, token = gateway
     reconnects: list[Reconnect] = []
     make_block = "''.join(f'{i:07d}' for i in range(9362)) + '\\n'"  # 65,535 bytes
@@ -262,8 +268,10 @@ async def test_a_slow_reader_pushes_back_and_the_gateway_drops_and_resumes_it(
     # and once took 40 MiB of output without the reader being dropped); the gateway's
     # send buffer may grow to tcp_wmem's maximum.
     blocks = (2 * (READER_BUFFER + send_buffer_max()) + 4 * MiB) // len(block) + 1
+    go = tmp_path / "go"
     code = (
-        f"import sys\nblock = {make_block}\n"
+        f"import os, sys, time\nblock = {make_block}\nprint('ready', flush=True)\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
         f"for _ in range({blocks}):\n    sys.stdout.write(block)\n    sys.stdout.flush()"
     )
     async with (
@@ -275,14 +283,15 @@ async def test_a_slow_reader_pushes_back_and_the_gateway_drops_and_resumes_it(
         text: list[str] = []
         async for event in reader.execution_events(kernel_id, msg_id):
             if event.event == "stdout":
-                if not text:  # pause, reading nothing, until the kernel is done
-                    await until_finished(watcher, kernel_id, msg_id)
                 text.append(event.data["text"])
+                if text == ["ready\n"]:  # pause, reading nothing, until the kernel is done
+                    go.touch()
+                    await until_finished(watcher, kernel_id, msg_id)
             if event.event == "done":
                 assert event.data["status"] == "ok"
         await reader.shutdown(kernel_id)
     assert any("slow_consumer" in reconnect.reason for reconnect in reconnects), reconnects
-    assert "".join(text) == block * blocks
+    assert "".join(text) == "ready\n" + block * blocks
 
 
 MiB = 1024 * 1024
