@@ -12,7 +12,9 @@ the broker, coalesced and never dropped, replayed from the transcript on resume.
 IOPub message carries ``metadata["kernel_gateway_stream"]["seq"]``.
 
 Resume: ``?since=SEQ`` sends every IOPub message after SEQ, then live. Without it, a
-client reconnecting with a ``session_id`` it used before gets what that session missed.
+client reconnecting with a ``session_id`` it used before gets what that session missed, and
+any other client every message published after its socket opened (the 101), including what
+came while the gateway was still setting the connection up.
 
 Close codes and reasons: :mod:`..core.endings` (1007 malformed, 1001 kernel or gateway
 shutdown, 4008 too slow; each with a JSON reason and, where it applies, ``last_seq``).
@@ -125,6 +127,8 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         #: and the transport's methods run for every frame written to every client.
         self._handler: Any = None
         self._protocol = Protocol.LEGACY
+        #: The kernel's head when the socket opened (see :meth:`prepare`).
+        self._opened_at = 0
 
     @property
     def services(self) -> Services:
@@ -152,6 +156,10 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
         self.signer = self.tap.signer
         self.session.signer = self.signer
         await self.tap.ready
+        # The head when the client is told the socket is open (the 101 follows): a client
+        # that asked for no ``since`` gets everything after it, even what the kernel
+        # publishes while :meth:`connect` still awaits (its cursor lookup reads the store).
+        self._opened_at = self.services.broker.head(self.kernel_id)
 
     async def connect(self) -> None:
         # The handler checked ``since`` against the head before the upgrade; heads only grow.
@@ -160,6 +168,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             since = await self.services.store.load_cursor(self.kernel_id, self.session_id)
             if since is not None:
                 since = min(since, self.tap.head)
+        live = since is None
+        if live and self.services.broker.head(self.kernel_id) > self._opened_at:
+            since = self._opened_at
         if self._closed:
             return  # the client left while we looked its cursor up; nothing to undo yet
         # From here to the Subscriber's start nothing awaits: a disconnect() that comes
@@ -194,9 +205,9 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             self.session_id,
             self.kernel_id,
             self.surface,
-            "live" if since is None else f"resuming after seq {since}",
+            "live" if live else f"resuming after seq {since}",
             extra={"kernel_id": self.kernel_id, "session_id": self.session_id,
-                   "surface": self.surface, "since": since},
+                   "surface": self.surface, "since": None if live else since},
         )  # fmt: skip
         await self.subscriber.start(since, held)
 

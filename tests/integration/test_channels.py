@@ -127,6 +127,34 @@ async def test_reconnect_with_session_id_gets_exactly_what_it_missed(
     assert_contiguous(after)
 
 
+async def test_a_new_client_gets_everything_after_its_socket_opened(
+    start_kernel: Any, connect: Any, services: Any, monkeypatch: Any
+) -> None:
+    """Invariant 3: a client that asks for no ``since`` gets every message published after
+    its socket opened, even those published while the gateway was still setting the
+    connection up (here: its cursor lookup held until another client's execution ended)."""
+    kernel_id = await start_kernel()
+    runner = await connect(kernel_id)
+    lookup_started, release = asyncio.Event(), asyncio.Event()
+    load_cursor = services.store.load_cursor
+
+    async def slow_load_cursor(kernel: str, session_id: str) -> int | None:
+        lookup_started.set()
+        await release.wait()
+        return await load_cursor(kernel, session_id)
+
+    monkeypatch.setattr(services.store, "load_cursor", slow_load_cursor)
+    watcher = await connect(kernel_id)  # open: the 101 came; its connect() waits
+    await asyncio.wait_for(lookup_started.wait(), seconds(30))
+    msg_id = runner.execute("for i in range(100): print(i, flush=True)")
+    await runner.until_idle(msg_id)
+    release.set()
+    seen = await watcher.until_idle(msg_id, timeout=20)  # the runner has seen it already
+    assert seen.text() == "".join(f"{i}\n" for i in range(100))
+    assert seen.messages[0]["msg_type"] == "status"  # from the execution's busy on
+    assert_contiguous(seen)
+
+
 @pytest.mark.smoke
 async def test_since_resumes_exactly_across_replay_to_live(
     start_kernel: Any, connect: Any, transcript: Any

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from .test_channels import assert_contiguous
+from .wsclient import Received, describe
 
 LINES = 1_500
 WIDTH = 8_000
@@ -30,7 +31,31 @@ async def test_a_stalled_and_a_live_client_get_every_large_line(
     # 12 MB: more than loopback's socket buffers take before the stalled client reads.
     received = await asyncio.gather(live.until_idle(msg_id), legacy.until_idle(msg_id))
     received.append(await stalled.until_idle(msg_id))
-    for one in received:
-        assert one.text() == TEXT
+    for name, one in zip(("live", "legacy", "stalled"), received, strict=True):
+        assert one.text() == TEXT, f"{name}: {difference(one.text())}; {summary(one)}"
         assert_contiguous(one)
-    assert await transcript(kernel_id, format="text", parent=msg_id) == TEXT
+    recorded = await transcript(kernel_id, format="text", parent=msg_id)
+    assert recorded == TEXT, f"transcript: {difference(recorded)}"
+
+
+def difference(text: str) -> str:
+    """Where ``text`` first departs from TEXT, line by line, without 12 MB of repr."""
+    got, want = text.split("\n"), TEXT.split("\n")
+    index = next(
+        (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+        min(len(got), len(want)),
+    )
+
+    def show(lines: list[str]) -> list[str]:
+        return [f"{line[:12]!r}…({len(line)})" for line in lines[max(0, index - 1) : index + 2]]
+
+    return (
+        f"{len(text)} characters, {len(got) - 1} lines (of {len(want) - 1}); first difference"
+        f" at line {index}: got {show(got)}, want {show(want)}"
+    )
+
+
+def summary(received: Received) -> str:
+    """The seq ranges around what was received, and the message counts."""
+    ranges = received.seq_ranges()
+    return f"{describe(received.messages)}; seq ranges {ranges[:3]}…{ranges[-3:]} of {len(ranges)}"
