@@ -166,6 +166,8 @@ async def test_one_upstream_connection_for_1_3_and_100_watchers(
                     f"gaps {gaps}; last seq {records[-1]['seq']}"
                 )
             assert all(text == texts[0] for text in texts)
+            # The reply comes on shell, the idle on IOPub: either may arrive first.
+            await reply_to(watchers[0], msg_id, "execute_reply")
             replies = [m for m in watchers[0].history if m["msg_type"] == "execute_reply"]
             assert [m["parent_header"]["msg_id"] for m in replies][-1:] == [msg_id]
             for ws in watchers[1:]:
