@@ -285,13 +285,18 @@ class Subscriber:
         """True once the subscriber follows the live feed (its replay is done)."""
         return self._handoff is not None and not self.queue.holding and self._writer is not None
 
-    async def start(self, since: int | None, replies: Sequence[HeldReply] = ()) -> None:
+    async def start(
+        self, since: int | None, replies: Sequence[HeldReply] = (), *, asked: bool = True
+    ) -> None:
         """Begin the hand-off: replay ``(since, head]`` from the store, then go live;
         ``replies`` held while the client was away are sent among the replayed output, in
         place. Returns at once: the hand-off runs as a task of its own, so the connection
         keeps reading what the client sends (its requests, and its close) meanwhile.
 
-        With ``since=None`` the subscriber starts live at the current head.
+        With ``since=None`` the subscriber starts live at the current head. ``asked=False``:
+        the client did not ask for the past, ``since`` is only where its socket opened (a
+        new client catching up on what came while its connection was set up), and the
+        replay is not counted as one a client asked for.
 
         Raises:
             SequenceAhead: ``since`` is past the kernel's head; nothing was attached.
@@ -300,7 +305,7 @@ class Subscriber:
         if since is not None and since > head:
             raise SequenceAhead(since, head)
         self.registry.add(self)
-        if since is not None and since < head:
+        if asked and since is not None and since < head:
             self.registry.replays += 1
         self._handoff = Handoff(since, live_within=self.limits.live_within)
         # Replies to the client's own requests wait behind the replay, as live frames do.

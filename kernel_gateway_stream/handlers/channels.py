@@ -209,7 +209,7 @@ class StreamChannelsConnection(BaseKernelWebsocketConnection):
             extra={"kernel_id": self.kernel_id, "session_id": self.session_id,
                    "surface": self.surface, "since": None if live else since},
         )  # fmt: skip
-        await self.subscriber.start(since, held)
+        await self.subscriber.start(since, held, asked=not live)
 
     def _shed_upgrade_state(self) -> None:
         """Drop what only the upgrade needed and every connection would otherwise keep for

@@ -153,6 +153,7 @@ async def test_a_new_client_gets_everything_after_its_socket_opened(
     assert seen.text() == "".join(f"{i}\n" for i in range(100))
     assert seen.messages[0]["msg_type"] == "status"  # from the execution's busy on
     assert_contiguous(seen)
+    assert services.subscribers.replays == 0  # nobody asked for the past (replays_total)
 
 
 @pytest.mark.smoke
