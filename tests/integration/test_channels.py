@@ -151,7 +151,8 @@ async def test_a_new_client_gets_everything_after_its_socket_opened(
     release.set()
     seen = await watcher.until_idle(msg_id, timeout=20)  # the runner has seen it already
     assert seen.text() == "".join(f"{i}\n" for i in range(100))
-    assert seen.messages[0]["msg_type"] == "status"  # from the execution's busy on
+    first = next(m for m in seen.messages if m["parent_header"].get("msg_id") == msg_id)
+    assert (first["msg_type"], first["content"]["execution_state"]) == ("status", "busy")
     assert_contiguous(seen)
     assert services.subscribers.replays == 0  # nobody asked for the past (replays_total)
 
