@@ -20,13 +20,14 @@ import signal
 import pytest
 
 from ..integration.daemon import Daemon
+from ..integration.floods import flood_code, flood_text
 
 KILLS = 5
 #: From this kill on, the killed gateway commits half a second late.
 LAGGING_FROM = 3
 LINES = 30_000
-FLOOD = f"for i in range({LINES}): print(i, flush=True)"
-EXPECTED = "".join(f"{i}\n" for i in range(LINES))
+FLOOD = flood_code(LINES)
+EXPECTED = flood_text(LINES)
 
 
 @pytest.mark.parametrize("attempt", range(KILLS))

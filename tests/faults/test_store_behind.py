@@ -23,12 +23,13 @@ import json
 import sqlite3
 
 from ..integration.daemon import Daemon
+from ..integration.floods import flood_code, flood_text
 from ..timing import seconds
 from .test_disk import health
 
 LINES = 8_000
-FLOOD = f"for i in range({LINES}): print(i, flush=True)"
-EXPECTED = "".join(f"{i}\n" for i in range(LINES))
+FLOOD = flood_code(LINES)
+EXPECTED = flood_text(LINES)
 #: How long the writer is locked out, from about line 500.
 LOCKED = 3.0
 

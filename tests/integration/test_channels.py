@@ -19,12 +19,13 @@ from kernel_gateway_stream.handlers.channels import StreamChannelsConnection
 
 from ..timing import seconds
 from .daemon import Daemon
+from .floods import flood_code, flood_text
 from .waits import wait_until
 from .wsclient import Received
 
 FLOOD = 20000
-FLOOD_CODE = f"for i in range({FLOOD}): print(i, flush=True)"
-FLOOD_TEXT = "".join(f"{i}\n" for i in range(FLOOD))
+FLOOD_CODE = flood_code(FLOOD)
+FLOOD_TEXT = flood_text(FLOOD)
 
 
 def assert_contiguous(received: Received) -> None:
@@ -211,7 +212,7 @@ async def test_slow_client_is_disconnected_with_its_resume_point(
     runner = await connect(kernel_id, protocol="v1")
     line = "x" * 1000
     lines = 25000
-    msg_id = runner.execute(f"for i in range({lines}): print({line!r}, i, flush=True)")
+    msg_id = runner.execute(flood_code(lines, line=f"{line!r} + ' ' + str(i)"))
     expected = "".join(f"{line} {i}\n" for i in range(lines))
 
     async def run() -> Received:
@@ -419,7 +420,7 @@ async def test_shutdown_sends_what_was_queued_then_closes(
     transcript is still served."""
     kernel_id = await start_kernel()
     ws = await connect(kernel_id)
-    msg_id = ws.execute("for i in range(100000): print(i, flush=True)")
+    msg_id = ws.execute(flood_code(100_000))
     await ws.until_lines(200)
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")
     await ws.drain_until_closed()

@@ -59,6 +59,7 @@ from kernel_gateway_stream.kernels.netns_enter import blocking_ancestor, setpriv
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
+from .floods import flood_code, flood_text
 from .waits import wait_until
 
 #: Namespace tests run one at a time, on one worker: the sweep removes every namespace a
@@ -523,12 +524,12 @@ async def test_a_flood_through_the_daemon_is_recorded_whole(netns_daemon: Daemon
             pid in daemon.kernel_pids() for pid in map(int, ip("netns", "pids", name).split())
         )
         result = await asyncio.wait_for(
-            client.execute(kernel_id, "for i in range(20000): print(i, flush=True)"),
+            client.execute(kernel_id, flood_code(20000)),
             seconds(180),
         )
         assert result.ok
         text = await client.transcript_text(kernel_id, parent=result.msg_id)
-        assert text == "".join(f"{i}\n" for i in range(20000))
+        assert text == flood_text(20000)
         await client.shutdown(kernel_id)
     assert name not in listed_namespaces()
     assert host_interface_name(kernel_id) not in host_links()

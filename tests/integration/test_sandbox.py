@@ -47,6 +47,7 @@ from kernel_gateway_stream.kernels.sandbox import (
 from ..timing import seconds
 from . import test_netns
 from .daemon import TOKEN, Daemon
+from .floods import flood_code, flood_text
 from .test_netns import ip, listed_namespaces, run, start
 from .waits import wait_until
 
@@ -317,13 +318,13 @@ async def test_output_through_the_gateway(sandbox_daemon: Daemon, nothing_left: 
         result = await asyncio.wait_for(
             client.execute(
                 kernel_id,
-                "import os, sys\nfor i in range(20000): print(i, flush=True)\n"
-                "print('to stderr', file=sys.stderr)\nos.getpid()",
+                flood_code(20000)
+                + "import os, sys\nprint('to stderr', file=sys.stderr)\nos.getpid()",
             ),
             seconds(180),
         )
         assert result.ok, result.error
-        assert result.stdout == "".join(f"{i}\n" for i in range(20000))
+        assert result.stdout == flood_text(20000)
         assert result.stderr == "to stderr\n"
         assert result.outputs[-1]["data"]["text/plain"] == "2"
         text = await client.transcript_text(kernel_id, parent=result.msg_id)

@@ -28,11 +28,12 @@ from kernel_gateway_stream.client import GatewayClient
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon, free_port
+from .floods import flood_code, flood_text
 from .sseclient import Event, SSEReader, stream_text
 from .wsclient import KernelWS
 
-FLOOD = "for i in range(20000): print(i, flush=True)"
-EXPECTED = "".join(f"{i}\n" for i in range(20000))
+FLOOD = flood_code(20000)
+EXPECTED = flood_text(20000)
 GAP = "kernel_gateway_stream_gap"
 LIFECYCLE = "kernel_gateway_stream_lifecycle"
 

@@ -21,6 +21,7 @@ from kernel_gateway_stream.client import GatewayClient
 
 from ..timing import seconds
 from .daemon import TOKEN, Daemon
+from .floods import flood_code, flood_text
 from .test_upstream import (
     FLOOD,
     GAP,
@@ -139,9 +140,9 @@ async def test_one_upstream_connection_for_1_3_and_100_watchers(
             asks = [ws.send("shell", "kernel_info_request", {}) for ws in watchers]
             for ws, msg_id in zip(watchers, asks, strict=True):
                 await reply_to(ws, msg_id, "kernel_info_reply")
-            code = FLOOD.replace("20000", str(lines))
+            code = flood_code(lines)
             msg_id = watchers[0].execute(code)
-            expected = "".join(f"{i}\n" for i in range(lines))
+            expected = flood_text(lines)
             texts = [(await ws.until_idle(msg_id, timeout=120)).text() for ws in watchers]
             # The launcher's kernel drops nothing: every line, once, in order, for every
             # watcher (and if not, what is missing, and where the gap records are).

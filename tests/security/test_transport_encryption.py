@@ -25,6 +25,7 @@ from tornado.httpclient import HTTPClientError
 from kernel_gateway_stream.client import GatewayClient
 
 from ..integration.daemon import TOKEN, Daemon
+from ..integration.floods import flood_code, flood_text
 from ..integration.sseclient import SSEReader, stream_text
 from ..timing import seconds
 
@@ -85,8 +86,8 @@ async def test_a_flood_arrives_whole_over_curve_and_without_the_keys_nothing_is_
     sse = SSEReader(f"{daemon.url}/api/kernels/{kernel_id}/stream?since=0", daemon.headers)
     try:
         lines = LINES[policy]
-        expected = "".join(f"{i}\n" for i in range(lines))
-        msg_id = ws.execute(f"for i in range({lines}): print(i, flush=True)")
+        expected = flood_text(lines)
+        msg_id = ws.execute(flood_code(lines))
         assert (await ws.until_idle(msg_id, timeout=80)).text() == expected
         events = await sse.until_idle(msg_id, timeout=80)
         mine = [e for e in events if e.data["parent_header"].get("msg_id") == msg_id]
