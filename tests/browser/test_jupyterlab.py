@@ -41,19 +41,23 @@ TOKEN = "test-token-for-jupyterlab"
 LAB_EXTENSION = "kernel-gateway-stream"
 
 FLOOD = "for i in range(20000): print(i, flush=True)"
-# 100 lines, one every 0.2 s: 20 s of output to reload, restart and cut in.
+# 100 lines, one every 0.2 s until the test has done what it does mid-run (reload,
+# restart, cut in) and creates the file named ``go``; then the rest at once, so that no
+# test waits out 20 s of ticks after its point is made.
 TICKS = """\
-import time
+import os, time
 for i in range(100):
-    print(f"tick {i}", flush=True)
-    time.sleep(0.2)
+    print(f"tick {{i}}", flush=True)
+    if not os.path.exists({go!r}):
+        time.sleep(0.2)
 """
 EXPECTED_TICKS = [f"tick {i}" for i in range(100)]
 PROGRESS = """\
-import time
+import os, time
 for i in range(1, 401):
-    print(f"\\rprogress {i}/400", end="", flush=True)
-    time.sleep(0.05)
+    print(f"\\rprogress {{i}}/400", end="", flush=True)
+    if not os.path.exists({go!r}):
+        time.sleep(0.05)
 print("\\nfinished", flush=True)
 """
 QUIET_THEN_DONE = """\
@@ -398,6 +402,15 @@ def line_shown(page: Any, index: int, line: str) -> Callable[[], Awaitable[bool]
     return check
 
 
+def line_count_above(page: Any, index: int, count: int) -> Callable[[], Awaitable[bool]]:
+    """Whether the cell shows more than ``count`` lines (it is live past them)."""
+
+    async def check() -> bool:
+        return len(await output_lines(page, index)) > count
+
+    return check
+
+
 def progress_past(page: Any, index: int, step: int) -> Callable[[], Awaitable[bool]]:
     """Whether the cell's bar (updated in place, ``progress i/400``) is at ``step`` or on."""
 
@@ -472,7 +485,8 @@ async def test_a_flood_shows_every_line(shared_lab: Lab) -> None:
 async def test_a_reload_mid_run_shows_every_line_and_stays_live(shared_lab: Lab) -> None:
     """(b) The page is reloaded while a cell prints: the cell comes back with what it
     printed meanwhile, shows it runs, and goes on to the end; every line once, in order."""
-    name = shared_lab.notebook("reload.ipynb", TICKS)
+    go = shared_lab.home / "go-reload"
+    name = shared_lab.notebook("reload.ipynb", TICKS.format(go=str(go)))
     async with lab_page("reload") as (page, errors):
         await open_notebook(page, shared_lab.url, name)
         await run_cell(page, 0)
@@ -484,6 +498,8 @@ async def test_a_reload_mid_run_shows_every_line_and_stays_live(shared_lab: Lab)
         assert await prompt(page, 0) == "[*]:"
         await toast_shown(page, "Restored output of 1 cell from the gateway")
         await page.screenshot(path=str(ARTIFACTS / "jupyterlab-reload-restored.png"))
+        await until("a line after the restored ones", line_count_above(page, 0, len(restored)))
+        go.touch()
         await until("the end of the run", cell_ended(page, 0), timeout=90)
         lines = await output_lines(page, 0)
         in_order_once(lines, EXPECTED_TICKS)
@@ -511,7 +527,8 @@ async def test_a_gateway_restart_mid_run_loses_only_what_it_could_not_see(
         tmp_path,
         "--ServerApp.kernel_manager_class=kernel_gateway_stream.kernels.StreamMappingKernelManager",
     ) as lab:
-        name = lab.notebook("restart.ipynb", TICKS)
+        go = tmp_path / "go-restart"
+        name = lab.notebook("restart.ipynb", TICKS.format(go=str(go)))
         async with lab_page("restart") as (page, errors):
             await open_notebook(page, lab.url, name)
             await run_cell(page, 0)
@@ -521,6 +538,8 @@ async def test_a_gateway_restart_mid_run_loses_only_what_it_could_not_see(
             seen_before = len(await output_lines(page, 0))
             lab.start()
             await asyncio.to_thread(lab.wait_ready)
+            await until("a line after the restart", line_count_above(page, 0, seen_before))
+            go.touch()
             await until("the end of the run", cell_ended(page, 0), timeout=180)
             lines = await output_lines(page, 0)
             transcript = await lab.api(f"/api/kernels/{kernel_id}/transcript?limit=10000")
@@ -564,7 +583,8 @@ async def test_a_dropped_connection_resumes_with_nothing_lost_or_repeated(
     on the way, then the connections drop. JupyterLab reconnects, and the extension asks
     the gateway for what came after the last seq it received. Every line once, in order
     (resumed by session alone, the lines lost in flight stay missing)."""
-    name = shared_lab.notebook("dropped.ipynb", TICKS)
+    go = shared_lab.home / "go-dropped"
+    name = shared_lab.notebook("dropped.ipynb", TICKS.format(go=str(go)))
     proxy = CuttableProxy(shared_lab.port)
     await proxy.start()
     try:
@@ -578,6 +598,7 @@ async def test_a_dropped_connection_resumes_with_nothing_lost_or_repeated(
                 before = len(channels(sockets))
                 await proxy.blip(1.0)
                 await until("a new socket", socket_after(sockets, before))
+            go.touch()
             await until("the end of the run", cell_ended(page, 0), timeout=90)
             in_order_once(await output_lines(page, 0), EXPECTED_TICKS)
             opened = channels(sockets)
@@ -607,7 +628,8 @@ def socket_after(sockets: list[str], before: int) -> Callable[[], Awaitable[bool
 async def test_a_progress_bar_is_restored_to_its_last_state(shared_lab: Lab) -> None:
     """(e) A tqdm-style bar (``\r`` and no newline) reloaded mid-run: one line, its
     latest state, updating in place to the end."""
-    name = shared_lab.notebook("progress.ipynb", PROGRESS)
+    go = shared_lab.home / "go-progress"
+    name = shared_lab.notebook("progress.ipynb", PROGRESS.format(go=str(go)))
     async with lab_page("progress") as (page, errors):
         await open_notebook(page, shared_lab.url, name)
         await run_cell(page, 0)
@@ -619,6 +641,11 @@ async def test_a_progress_bar_is_restored_to_its_last_state(shared_lab: Lab) -> 
         assert restored[0].startswith("progress "), restored
         await toast_shown(page, "Restored output of 1 cell from the gateway")
         await page.screenshot(path=str(ARTIFACTS / "jupyterlab-progress-restored.png"))
+        restored_step = int(restored[0].split()[1].split("/")[0])
+        await until(
+            "the bar live past its restored state", progress_past(page, 0, restored_step + 1)
+        )
+        go.touch()
         await until("the end of the run", cell_ended(page, 0), timeout=90)
         assert await output_lines(page, 0) == ["progress 400/400", "finished"]
         assert not errors, errors
