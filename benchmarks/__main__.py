@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import jupyter_server
-import kernel_gateway
 import zmq
 
 from . import faults, idle_floor, nodes, pool
@@ -465,6 +464,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [s for s in SYSTEMS if not args.systems or s.name in args.systems]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # The peer is imported here, not at the top: the suite's unit tests import this module
+    # and install the test extra alone, which does not bring jupyter_kernel_gateway.
+    import kernel_gateway
+
     started = time.perf_counter()
     machine = {
         "cores": os.cpu_count(),
