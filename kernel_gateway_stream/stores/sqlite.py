@@ -419,11 +419,15 @@ class SQLiteTranscriptStore(TranscriptStore):
         marks: bool = False,
         max_bytes: int | None = None,
     ) -> TranscriptPage:
-        upper = until if until is not None else _FAR
-        pending, committed = self.pending.snapshot(kernel_id, since, upper)
+        # The head first, then what is in memory, and nothing past that head: the other
+        # way round, records that came and were committed while the head was read were
+        # in neither the snapshot nor the durable read (below ``committed``), and the page
+        # gave a head past its last record with nothing to say what was between.
         info = await self.info(kernel_id)
         head = info.head if info else 0
         first_seq = info.first_seq if info else 1
+        upper = min(until if until is not None else _FAR, head)
+        pending, committed = self.pending.snapshot(kernel_id, since, upper)
         query = Query(since, min(upper, committed), limit, parent, msg_types, marks, max_bytes)
         loop = asyncio.get_running_loop()
         records = await loop.run_in_executor(self._readers, self._read_durable, kernel_id, query)

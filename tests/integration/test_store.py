@@ -124,6 +124,39 @@ async def test_records_are_readable_at_once_and_durable_after_flush(tmp_path: Pa
     reopened.close()
 
 
+async def test_a_page_holds_every_record_up_to_the_head_it_gives(tmp_path: Path) -> None:
+    """Invariant 1 as a reader sees it: a page from 0 holds every seq from 1 to its head,
+    even when records arrive and are committed while the read waits on SQLite. (A fresh
+    clone's ``test_every_iopub_message_has_one_seq_gap_free`` once got head 317 and
+    records up to 310: the records in memory were taken before the head was read, and in
+    between the kernel's last 7 messages came and everything was committed.)"""
+    path = str(tmp_path / "t.sqlite3")
+    store = open_store(path)
+    blocker = sqlite3.connect(path, timeout=30)  # nothing is committed yet: all in memory
+    blocker.execute("BEGIN EXCLUSIVE")
+    for seq in range(1, 101):
+        store.append(stream_record("k", seq, f"{seq}\n"))
+    run = store._run
+    arrived: list[int] = []
+
+    async def meanwhile(sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        if not arrived:  # the read's first wait on SQLite: the kernel goes on printing
+            arrived.extend(range(101, 108))
+            for seq in arrived:
+                store.append(stream_record("k", seq, f"{seq}\n"))
+            blocker.rollback()  # and the writer commits all of it
+            assert await store.flush(seconds(30))
+        return await run(sql, args)
+
+    store._run = meanwhile  # type: ignore[method-assign]
+    page = await store.read("k", 0, 5000)
+    assert arrived, "the read waited on SQLite"
+    assert page.head >= 100
+    assert [r.seq for r in page.records] == list(range(1, page.head + 1))
+    blocker.close()
+    store.close()
+
+
 async def test_filters_limits_and_byte_bounded_pages(tmp_path: Path) -> None:
     """Reads filter by parent and type (from disk and from memory alike), stop at a limit
     or a byte bound, and with ``marks`` let lifecycle statuses through every filter."""
