@@ -39,6 +39,8 @@ Every node runs a :class:`ClusterNode` when ``GatewayStreamApp.redis_url`` is se
   directory entry; the node entry is written every pass. A follower never reads a
   kernel missing from the directory as gone unless its transcript says it ended (a
   tombstone); if no owner writes it back within ``lease_ttl``, it takes the kernel over.
+  Nor does it take over a kernel whose lease is missing within ``lease_ttl`` of noticing
+  the loss: its owner may be writing the lease back.
   Health says ``degraded`` while Redis is away, while this is rebuilt, and for
   ``store_loss_notice`` seconds after a loss.
 * **Trust.** Code in a kernel may reach Redis. A node refuses to start without a cluster
@@ -427,7 +429,11 @@ class ClusterNode(LoggingConfigurable):
             try:
                 if tap is None:
                     await self._join(kernel_id, link)
-                elif tap.following and await self.leases.holder(kernel_id) is None:
+                elif (
+                    tap.following
+                    and not self._owners_writing_back()
+                    and await self.leases.holder(kernel_id) is None
+                ):
                     await self._take_over(tap, link)
             except (LocalError, KeyError, TypeError, ValueError) as error:
                 self.log.warning(
@@ -464,6 +470,17 @@ class ClusterNode(LoggingConfigurable):
                 "Kernel %s: handed %d execution ends this node kept to its next owner",
                 kernel_id, handed, extra={"kernel_id": kernel_id},
             )  # fmt: skip
+
+    def _owners_writing_back(self) -> bool:
+        """Redis lost its data less than ``lease_ttl`` ago: a kernel with no lease now
+        may have a live owner that is writing its lease back (:meth:`_restore`), with the
+        execution ends it kept. A follower that took such a kernel over at once wrote
+        its gap before that owner handed those ends over, and the executions they ended
+        never ended in the transcript (the fault schedule, two empty restarts of Redis in
+        a row). An owner that died too is taken over a lease later, as if its lease had
+        expired."""
+        lost_at = self._store_lost_at
+        return lost_at is not None and time.monotonic() - lost_at < self.lease_ttl
 
     def _store_lost(self, why: str) -> None:
         """Redis lost data: health says so for :attr:`store_loss_notice` seconds."""

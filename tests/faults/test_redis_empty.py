@@ -363,6 +363,15 @@ async def test_redis_restarted_empty_mid_output_loses_no_kernel_and_nothing_sile
 
             await soon(rebuilt, "the directory entry and lease rebuilt in Redis", problems, 60)
             print(f"rebuilt {loop.time() - back_at:.2f} s after Redis answered again")
+            if not owner_too:
+                # A, alive, writes its lease back: no follower takes the kernel over
+                # meanwhile (one that did wrote its gap before A handed over the execution
+                # ends it kept, and those executions never ended in the transcript).
+                lease = client.get(f"{keys}{{{kernel_id}}}:lease") or b""
+                assert a.process is not None
+                holder = lease.decode().rsplit(":", 1)[0]
+                if holder.split("-")[-2:-1] != [str(a.process.pid)]:
+                    problems.append(f"the lease is {holder!r}'s, not A's (the live owner)")
         finally:
             client.close()
 
