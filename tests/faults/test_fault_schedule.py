@@ -43,4 +43,22 @@ async def test_a_seeded_schedule_of_every_kind_of_fault_breaks_no_rule(
     print(f"gap records: {dict(outcome.gaps)}; client closes: {dict(outcome.closes)}")
     assert outcome.lines > 0, "the kernel printed nothing"
     broken = outcome.report.total.broken()  # every rule the checker counts
+    if broken:  # what the nodes said, for a run that cannot be had again
+        print_node_logs(tmp_path / "nodes")
     assert not broken, f"{broken}\n" + "\n".join(outcome.report.examples)
+
+
+#: Lines of a node's log that tell who recorded the kernel and what went wrong.
+TOLD = ("[W ", "[E ", "Tapping kernel", "Following kernel", "publishes again", "left at seq")
+
+
+def print_node_logs(root: Path, lines: int = 80) -> None:
+    """Each node's warnings, errors and changes of role, the last ``lines`` of them."""
+    for log in sorted(root.glob("*/daemon.log")):
+        told = [
+            line
+            for line in log.read_text(errors="replace").splitlines()
+            if line.startswith(TOLD) or any(t in line for t in TOLD[2:])
+        ]
+        print(f"--- node {log.parent.name}: {len(told)} lines told, the last {lines}")
+        print("\n".join(line[:300] for line in told[-lines:]))
