@@ -409,7 +409,39 @@ class Harness:
 
         with contextlib.suppress(AssertionError):  # unreadable: an empty history, counted
             await wait_until(read, "the transcript", 20)
+        await self._note_read(reader, records)
         return transcript_history(records, self.offset), bursts
+
+    async def _note_read(self, reader: Daemon, records: list[dict[str, Any]]) -> None:
+        """What the final read saw, for a run whose history is then found wrong: the node
+        read, each node's head, the lease, Redis's own head and the last entries of its log."""
+        import redis
+
+        heads = {}
+        for name, node in self.nodes.items():
+            with contextlib.suppress(Exception):
+                page = await node.fetch(f"/api/kernels/{self.kernel_id}/transcript?limit=1")
+                heads[name] = page["head"]
+        last = records[-1]["seq"] if records else None
+        reader_name = next((n for n, node in self.nodes.items() if node is reader), "?")
+        note = (
+            f"final read from {reader_name}: {len(records)} records, the last {last}; heads {heads}"
+        )
+        if not self.options.sqlite:
+            client = redis.Redis(port=self.redis.port, socket_timeout=2)
+            try:
+                key = f"{self.cluster.prefix}{{{self.kernel_id}}}"
+                meta = client.hgetall(f"{key}:meta")
+                tail = [entry for entry, _ in client.xrevrange(f"{key}:log", count=3)]
+                note += (
+                    f"; Redis: meta {meta}, log length {client.xlen(f'{key}:log')}, last "
+                    f"entries {tail}, lease {client.get(f'{key}:lease')}"
+                )
+            except redis.RedisError as error:
+                note += f"; Redis could not be read: {error}"
+            finally:
+                client.close()
+        self.notes.append(note)
 
     async def close(self) -> None:
         for process in (self.redis.process, *(n.process for n in self.nodes.values())):

@@ -44,6 +44,7 @@ async def test_a_seeded_schedule_of_every_kind_of_fault_breaks_no_rule(
     assert outcome.lines > 0, "the kernel printed nothing"
     broken = outcome.report.total.broken()  # every rule the checker counts
     if broken:  # what the nodes said, for a run that cannot be had again
+        print("\n".join(outcome.notes))
         print_node_logs(tmp_path / "nodes")
     assert not broken, f"{broken}\n" + "\n".join(outcome.report.examples)
 

@@ -427,9 +427,10 @@ async def test_interrupt_and_restart_keep_the_namespace(
             # A late kernel_info_reply of wait_for_ready (it asks more than once).
             assert reply["msg_type"] == "kernel_info_reply", reply["msg_type"]
             reply = await client.get_shell_msg(timeout=seconds(60))
-        assert (reply["content"]["status"], reply["content"]["ename"]) == (
-            "error",
-            "KeyboardInterrupt",
+        content = reply["content"]
+        assert (content["status"], content["ename"]) == ("error", "KeyboardInterrupt"), (
+            content.get("evalue"),
+            content.get("traceback"),
         )
 
         await km.restart_kernel()
