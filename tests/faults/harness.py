@@ -392,7 +392,12 @@ class Harness:
             if await asyncio.to_thread(self.lease_holder) is None:
                 heads.clear()  # steady again from the takeover on
                 return False
-            return True
+            # And the last burst the kernel ran has ended in the transcript: a head that
+            # stood still for a second was not enough, when a node that had just taken
+            # the kernel over was busy with what the kernel held for it (3,333 messages
+            # once) and read on afterwards: the read stopped there, and the checker
+            # counted what the clients got after it as forks and silent loss.
+            return not bursts or await self._ended(reader, bursts[-1].msg_id)
 
         with contextlib.suppress(AssertionError):  # what has not come is what the checker counts
             await wait_until(caught_up, "every client and the transcript to catch up", 60)
@@ -411,6 +416,14 @@ class Harness:
             await wait_until(read, "the transcript", 20)
         await self._note_read(reader, records)
         return transcript_history(records, self.offset), bursts
+
+    async def _ended(self, node: Daemon, msg_id: str) -> bool:
+        """Whether ``node`` serves the end of execution ``msg_id`` (its idle recorded)."""
+        try:
+            summary = await node.fetch(f"/api/kernels/{self.kernel_id}/executions/{msg_id}")
+        except Exception:  # not there yet (404), or the node is busy: not yet
+            return False
+        return bool(summary["status"] != "running")
 
     async def _note_read(self, reader: Daemon, records: list[dict[str, Any]]) -> None:
         """What the final read saw, for a run whose history is then found wrong: the node
