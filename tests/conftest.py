@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 # mismatch"), ending the run with a SystemError after every test passed.
 import hypothesis  # noqa: F401
 import pytest
+from jupyter_server.serverapp import ServerApp
 from tornado.httpclient import AsyncHTTPClient
 from traitlets.config import Config
 
@@ -122,6 +123,31 @@ def sse(jp_http_port: int, jp_auth_header: dict[str, str], jp_base_url: str) -> 
 
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+
+@pytest.fixture(autouse=True)
+def jp_server_cleanup(jp_asyncio_loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """pytest-jupyter's cleanup of its in-process server, less a second per test with a
+    kernel: the sockets still open in its kernel manager's ZMQ context are closed with no
+    linger. jupyter_client gives each a linger of 1 s, and the one jupyter_server watches
+    a kernel's activity on (an IOPub SUB) had something queued for a kernel gone by then:
+    the context's end waited that second out in every such teardown (about 110 s of a
+    run's teardowns). What the sockets could still send goes to kernels being shut down."""
+    yield
+    app = ServerApp.instance()
+    manager = getattr(app, "kernel_manager", None)
+    if manager is not None:
+        for socket in list(manager.context._sockets):
+            if not socket.closed:
+                socket.linger = 0
+    try:
+        jp_asyncio_loop.run_until_complete(app._cleanup())
+    except (RuntimeError, SystemExit) as error:
+        print("ignoring cleanup error", error)
+    if manager is not None:
+        manager.context.destroy(linger=0)
+    ServerApp.clear_instance()
+
 
 TESTS = Path(__file__).resolve().parent
 #: The tiers whose tests start servers, kernels, browsers or namespaces: every test there

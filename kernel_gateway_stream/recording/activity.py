@@ -58,7 +58,9 @@ class ActivityBridge:
         jupyter_server opens a second IOPub socket per kernel and deserializes every message
         on it to keep ``last_activity`` and ``execution_state``; the recorder already does
         that (:meth:`KernelActivity.saw`). Its ``stop_watching_activity`` would also run a
-        pending restart's cleanup, so only the socket is closed here.
+        pending restart's cleanup, so only the socket is closed here, with no linger: what
+        it would still send (its subscription) is for a kernel the gateway reads itself, and
+        a linger would hold up the server's exit by a second.
         """
         if not hasattr(self.kernel_manager, "track_message_type"):
             return
@@ -69,7 +71,7 @@ class ActivityBridge:
         stream = getattr(kernel, "_activity_stream", None)
         if stream is not None:
             if not stream.closed():
-                stream.close()
+                stream.close(linger=0)
             kernel._activity_stream = None
 
 
