@@ -26,6 +26,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from kernel_gateway_stream.client import GatewayClient
 
+from .. import without_iri
 from ..timing import seconds
 from .daemon import TOKEN, Daemon, free_port
 from .floods import flood_code, flood_text
@@ -55,7 +56,10 @@ class Upstream:
 
     def start(self) -> None:
         module = "jupyter_server" if self.kind == "jupyter_server" else "kernel_gateway_stream"
-        argv = [sys.executable, "-m", module, f"--port={self.port}", *self.options]
+        # jupyter_server without rfc3987_syntax's grammar, as our daemon starts (see
+        # tests/without_iri.py).
+        runner = without_iri.RUN if self.kind == "jupyter_server" else [sys.executable, "-m"]
+        argv = [*runner, module, f"--port={self.port}", *self.options]
         if self.kind == "jupyter_server":
             argv += [
                 "--no-browser",
