@@ -5,9 +5,11 @@
  * Two plugins:
  *
  * - `server-settings` provides JupyterLab's `IServerSettings` (a service-manager plugin,
- *   JupyterLab >= 4.4): the default settings with one change, a WebSocket class that
- *   resumes kernel channels exactly (./socket.ts). Every other setting, and every service
- *   manager, stays JupyterLab's own.
+ *   JupyterLab >= 4.4): the default settings with two changes, a WebSocket class that
+ *   resumes kernel channels exactly (./socket.ts), and a `fetch` that keeps asking for a
+ *   kernel's model while the server is out of reach, so that a dropped kernel connection
+ *   reconnects within a second of the server's return (./patience.ts). Every other
+ *   setting, and every service manager, stays JupyterLab's own.
  * - `restore` brings each notebook's cells up to date from the gateway when its kernel
  *   connection is ready (./restorer.ts).
  */
@@ -21,6 +23,7 @@ import {
   type ServiceManagerPlugin
 } from '@jupyterlab/services';
 
+import { patientFetch } from './patience';
 import { NotebookRestorer } from './restorer';
 import { ResumeLedger } from './resume';
 import { resumingWebSocket } from './socket';
@@ -35,12 +38,14 @@ import { resumingWebSocket } from './socket';
 const serverSettingsPlugin: ServiceManagerPlugin<ServerConnection.ISettings> = {
   id: 'kernel-gateway-stream:server-settings',
   description:
-    'Server settings whose WebSocket resumes kernel channels from the last seq received.',
+    'Server settings whose WebSocket resumes kernel channels from the last seq received, ' +
+    "and whose fetch reconnects a kernel as soon as the server is back.",
   autoStart: true,
   provides: IServerSettings,
   activate: (_: null): ServerConnection.ISettings => {
     return ServerConnection.makeSettings({
-      WebSocket: resumingWebSocket(WebSocket, new ResumeLedger())
+      WebSocket: resumingWebSocket(WebSocket, new ResumeLedger()),
+      fetch: patientFetch((input, init) => fetch(input, init))
     });
   }
 };

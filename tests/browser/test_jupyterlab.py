@@ -18,9 +18,9 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -33,6 +33,7 @@ from tornado.httpclient import AsyncHTTPClient
 from kernel_gateway_stream.core.errors import GatewayStreamError
 from kernel_gateway_stream.core.wire import decode_v1
 
+from .. import without_iri
 from ..integration.daemon import free_port
 from ..timing import seconds
 from .test_live_page import ARTIFACTS, CHROMIUM, chromium
@@ -101,8 +102,7 @@ class Lab:
             JUPYTER_RUNTIME_DIR=str(self.home / "runtime"),
         )
         argv = [
-            sys.executable,
-            "-m",
+            *without_iri.RUN,  # as our daemon starts (see tests/without_iri.py)
             "jupyterlab",
             f"--port={self.port}",
             "--ServerApp.port_retries=0",
@@ -534,11 +534,32 @@ async def test_a_gateway_restart_mid_run_loses_only_what_it_could_not_see(
             await run_cell(page, 0)
             await until("tick 15", line_shown(page, 0, "tick 15"))
             kernel_id = await lab.kernel_of(name)
+            # The kernel's model, asked for while the server is down: JupyterLab asks once,
+            # then 10 to 30 s later; the extension's fetch asks again every second.
+            model = f"/api/kernels/{kernel_id}"
+            unanswered: list[str] = []
+            page.on(
+                "requestfailed",
+                lambda request: (
+                    unanswered.append(request.url)
+                    if urllib.parse.urlsplit(request.url).path.endswith(model)
+                    else None
+                ),
+            )
             lab.kill()
             seen_before = len(await output_lines(page, 0))
+            # Three asks a second apart, while the server stays down: JupyterLab alone asks
+            # a second time 10 to 30 s after the first, a third 20 to 60 s after.
+            await until(
+                "three asks for the kernel's model",
+                lambda: asyncio.sleep(0, len(unanswered) >= 3),
+                5,
+            )
             lab.start()
             await asyncio.to_thread(lab.wait_ready)
+            back = time.monotonic()
             await until("a line after the restart", line_count_above(page, 0, seen_before))
+            resumed = time.monotonic() - back
             go.touch()
             await until("the end of the run", cell_ended(page, 0), timeout=180)
             lines = await output_lines(page, 0)
@@ -566,8 +587,10 @@ async def test_a_gateway_restart_mid_run_loses_only_what_it_could_not_see(
             await toast_shown(page, "output it had just received may be missing")
             await dismiss_connection_error(page)
             print(
-                f"gateway restart: the page had {seen_before} lines, then showed {len(lines)} "
-                f"of {len(EXPECTED_TICKS)}; the transcript kept {len(kept)}, gaps {gaps}"
+                f"gateway restart: the page had {seen_before} lines, showed a new one "
+                f"{resumed:.1f} s after the server answered, then {len(lines)} of "
+                f"{len(EXPECTED_TICKS)}; the transcript kept {len(kept)}, gaps {gaps}; the "
+                f"kernel's model was asked for {len(unanswered)} times while it was down"
             )
             await scroll_to_end(page, 0)
             await page.screenshot(path=str(ARTIFACTS / "jupyterlab-gateway-restart.png"))
