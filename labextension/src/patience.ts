@@ -8,8 +8,11 @@
  * back after a few seconds went on showing nothing for up to half a minute more. This
  * `fetch` answers that request once the server does: on a network error it asks again
  * every second, for up to a minute, then lets the error through (JupyterLab then waits
- * its 10 to 30 s and asks again, and the next minute of asking starts). An HTTP answer of
- * any status goes back as it came; every other request is the browser's `fetch`
+ * its 10 to 30 s and asks again, and the next minute of asking starts). A server that has
+ * just come back may not know the kernel yet (it is being re-attached): a 404 that follows
+ * a network error is asked again too, within the same minute, before it goes back (each
+ * answer that JupyterLab gets, 404 or not, costs it one of its seven tries to reconnect).
+ * Any other answer goes back as it came; every other request is the browser's `fetch`
  * unchanged.
  */
 
@@ -58,16 +61,25 @@ export function patientFetch(base: Fetch, patience: Patience = DEFAULT_PATIENCE)
     }
     const request = typeof input === 'object' && 'clone' in input ? input : null;
     const deadline = patience.now() + patience.limit;
+    let unreachable = false;
     for (;;) {
+      const aborted = () => init?.signal?.aborted === true || request?.signal?.aborted === true;
+      const again = () => !aborted() && patience.now() + patience.interval <= deadline;
+      let response: Response;
       try {
-        return await base(request !== null ? request.clone() : input, init);
+        response = await base(request !== null ? request.clone() : input, init);
       } catch (error) {
-        const aborted = init?.signal?.aborted === true || request?.signal?.aborted === true;
-        if (aborted || patience.now() + patience.interval > deadline) {
+        if (!again()) {
           throw error;
         }
+        unreachable = true;
         await patience.sleep(patience.interval);
+        continue;
       }
+      if (response.status !== 404 || !unreachable || !again()) {
+        return response;
+      }
+      await patience.sleep(patience.interval);
     }
   };
 }

@@ -65,6 +65,29 @@ describe('patientFetch', () => {
     assert.equal(down.urls.length, 4);
   });
 
+  it('asks again on a 404 from a server that was just out of reach', async () => {
+    let tries = 0;
+    const comingBack: Fetch = async () => {
+      tries += 1;
+      if (tries <= 2) {
+        throw new TypeError('Failed to fetch');
+      }
+      return new Response('', { status: tries <= 4 ? 404 : 200 });
+    };
+    const patience = manualPatience();
+    assert.equal((await patientFetch(comingBack, patience)(MODEL)).status, 200);
+    assert.equal(tries, 5);
+    const gone: Fetch = async () => {
+      tries += 1;
+      if (tries <= 6) {
+        throw new TypeError('Failed to fetch');
+      }
+      return new Response('', { status: 404 });
+    };
+    const limited = manualPatience(5000);
+    assert.equal((await patientFetch(gone, limited)(MODEL)).status, 404, 'within its limit');
+  });
+
   it('gives an HTTP answer back as it came, and other requests one try', async () => {
     const answers: Fetch = async () => new Response('', { status: 404 });
     assert.equal((await patientFetch(answers, manualPatience())(MODEL)).status, 404);
