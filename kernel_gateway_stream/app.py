@@ -486,8 +486,7 @@ class GatewayStreamApp(ExtensionApp):
                 self.log.error("kernel_gateway_stream is not loaded: %s", error)
             raise
         #: Set while the kernels an earlier run left are re-attached, and once they are (or
-        #: are found gone). ``recovering`` is set at the end of this initialization, before
-        #: the server takes its first request (see below).
+        #: are found gone).
         self.recovering = asyncio.Event()
         self.recovered = asyncio.Event()
         if self.keep_sessions:
@@ -546,12 +545,6 @@ class GatewayStreamApp(ExtensionApp):
             max_request_bytes=self.max_request_bytes,
             cluster=self.cluster,
         )
-        # From now on a request for a kernel not known yet waits for the re-attachment: the
-        # server listens from its initialization, and a request can come in before this
-        # extension's start (``_start_jupyter_server_extension``) runs, after other
-        # extensions' starts (under ``jupyter lab``). Answered then, JupyterLab's request for
-        # a re-attached kernel's model got 404, and its reconnection gave up.
-        self.recovering.set()
         self.taps.on_close(self.services.kernel_closed)
         self.taps.on_lease_lost(self.services.kernel_lease_lost)
         metrics.collector().add(self.services)
