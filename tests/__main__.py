@@ -1,13 +1,19 @@
-"""The whole suite, as CI runs it: ``python -m tests`` (arguments go to both runs).
+"""The whole suite, as CI runs it: ``python -m tests`` (arguments go to pytest).
 
-Two runs of pytest. First every test not marked ``alone``, on one worker per core
-(pytest-xdist: each test owns its ports, directories, Redis keys and kernels, so any two
-run at once). Four workers on two cores finished this run sooner (569 s against 793 s in
-one measure) but starved the machine: fresh-clone runs then failed a different
-time-sensitive test each time (a 5 s close handshake, a browser page's 180 s wait, an
-upstream flood that stalled), so CI runs as many workers as cores;
-then the ``alone`` ones, one at a time: they measure the daemon's memory, which a test
-beside them would disturb. The exit status is the first failing run's, else 0.
+One run of pytest on one worker per core (pytest-xdist: each test owns its ports,
+directories, Redis keys and kernels, so any two run at once). Four workers on two cores
+finished sooner (569 s against 793 s in one measure) but starved the machine: fresh-clone
+runs then failed a different time-sensitive test each time (a 5 s close handshake, a
+browser page's 180 s wait, an upstream flood that stalled), so CI runs as many workers as
+cores.
+
+The tests marked ``alone`` measure the daemon's memory under a flood or a storm. They run
+one after another on one worker (``tests/conftest.py`` puts them in one xdist group),
+never beside each other, while the other worker runs the rest. Until 2026-12-07 they ran
+after the others, in a second run of their own: 144 to 170 s in which one core was about
+half idle (``/proc/stat``: 146 s busy of 320). What they bound is the daemon's own memory,
+which another test's processes do not add to; a bound that held only on an idle machine
+would be no bound.
 """
 
 from __future__ import annotations
@@ -15,20 +21,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-#: pytest's exit status when a run selected no test (not a failure here: the arguments
-#: may select tests of one kind only).
-NO_TESTS = 5
-
 
 def main(arguments: list[str]) -> int:
-    runs = (
-        ["-m", "not alone", "-n", "auto", "--dist", "loadgroup", *arguments],
-        ["-m", "alone", *arguments],
-    )
-    statuses = [subprocess.call([sys.executable, "-m", "pytest", *run]) for run in runs]
-    if all(status == NO_TESTS for status in statuses):
-        return NO_TESTS
-    return next((status for status in statuses if status not in (0, NO_TESTS)), 0)
+    run = ["-n", "auto", "--dist", "loadgroup", *arguments]
+    return subprocess.call([sys.executable, "-m", "pytest", *run])
 
 
 if __name__ == "__main__":

@@ -156,13 +156,20 @@ TESTS = Path(__file__).resolve().parent
 SLOW_TIERS = frozenset({"browser", "faults", "integration", "security"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by markers
+#: The tests marked ``alone`` (they measure the daemon's memory) run one after another on
+#: one worker, beside the other worker's tests: see ``tests/__main__.py``.
+ALONE = pytest.mark.xdist_group("alone")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by markers, and xdist by groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = item.path.resolve().relative_to(TESTS).parts
         in_slow_tier = len(parts) > 1 and parts[0] in SLOW_TIERS
         if in_slow_tier and item.get_closest_marker("smoke") is None:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("alone") is not None:
+            item.add_marker(ALONE)
 
 
 #: Seconds before pytest-timeout's limit at which a test still running prints where each of

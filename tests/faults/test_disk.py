@@ -103,7 +103,7 @@ def rss_mib(daemon: Daemon) -> float:
     return psutil.Process(daemon.process.pid).memory_info().rss / MiB
 
 
-@pytest.mark.alone  # measures the daemon's memory: nothing else runs meanwhile
+@pytest.mark.alone  # measures the daemon's memory: no other `alone` test runs meanwhile
 async def test_a_full_disk_keeps_live_output_bounds_memory_and_marks_the_gap(
     daemon: Daemon, small_disk: Path, tmp_path: Path
 ) -> None:

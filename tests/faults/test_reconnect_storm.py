@@ -112,7 +112,7 @@ async def storm_client(
     return seen
 
 
-@pytest.mark.alone  # measures the daemon's memory: nothing else runs meanwhile
+@pytest.mark.alone  # measures the daemon's memory: no other `alone` test runs meanwhile
 async def test_memory_returns_near_its_baseline_after_a_reconnect_storm(
     daemon: Daemon, tmp_path: Path
 ) -> None:

@@ -85,7 +85,7 @@ async def peak_with_stalled_client(
     return peak
 
 
-@pytest.mark.alone  # measures the daemon's memory: nothing else runs meanwhile
+@pytest.mark.alone  # measures the daemon's memory: no other `alone` test runs meanwhile
 async def test_a_stalled_client_costs_at_most_its_queue_limit_and_is_closed(
     daemon: Daemon, tmp_path: Path
 ) -> None:

@@ -180,7 +180,7 @@ async def summary_peak(daemon: Daemon, path: str, readers: int) -> tuple[int, li
     return status_kib(pid, "VmHWM") - before, [len(response.body) for response in responses]
 
 
-@pytest.mark.alone  # measures the daemon's memory: nothing else runs meanwhile
+@pytest.mark.alone  # measures the daemon's memory: no other `alone` test runs meanwhile
 async def test_a_kernel_flooding_gigabytes_costs_the_gateway_a_bounded_amount_of_memory(
     daemon: Daemon, tmp_path: Path
 ) -> None:
