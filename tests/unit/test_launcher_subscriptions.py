@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import zmq
+import zmq.utils.monitor
 from jupyter_client.session import Session
 
 from kernel_gateway_stream.core.marks import ACK_PREFIX, SPOOL_MSG_TYPE
@@ -67,6 +68,9 @@ class Printing:
         xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
         xpub.setsockopt(zmq.LINGER, 0)
         self.url = f"tcp://127.0.0.1:{xpub.bind_to_random_port('tcp://127.0.0.1')}"
+        # Set before the thread owns the socket: the teardown waits on it (see close).
+        self.monitor = xpub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self.monitor.setsockopt(zmq.RCVTIMEO, 10_000)
         self.thread = HoldingIOPubThread(xpub, session=self.session)
         self.thread.start()
         self.stopped = threading.Event()
@@ -113,12 +117,27 @@ class Printing:
                 self.watcher.send(acknowledgement(self.session, header["msg_id"]))
 
     def close(self) -> None:
+        """Stop printing, then close the subscriber and wait until the kernel's socket has
+        seen every subscriber go before closing that socket.
+
+        Closing both ends at once aborted the process now and then, in ``context.term()``:
+        ``Resource temporarily unavailable (src/session_base.cpp:233)`` (libzmq#3442). The
+        publisher's side of a connection that is cut while it is halfway through sending a
+        multipart message reads the rest of that message from its pipe, and asserts that it
+        can; a pipe already being closed with its socket gives nothing."""
         self.stopped.set()
         for worker in self.workers:
             worker.join(10)
+        self.watcher.close()
+        connected = 0
+        while True:
+            event = zmq.utils.monitor.recv_monitor_message(self.monitor)["event"]
+            connected += 1 if event == zmq.EVENT_ACCEPTED else -1
+            if connected == 0 and event == zmq.EVENT_DISCONNECTED:
+                break
         self.thread.stop()
         self.thread.close()
-        self.watcher.close()
+        self.monitor.close()
         self.context.term()
 
 
