@@ -133,7 +133,7 @@ class Printing:
         while True:
             event = zmq.utils.monitor.recv_monitor_message(self.monitor)["event"]
             connected += 1 if event == zmq.EVENT_ACCEPTED else -1
-            if connected == 0 and event == zmq.EVENT_DISCONNECTED:
+            if connected == 0:  # only a disconnect brings the count down to 0
                 break
         self.thread.stop()
         self.thread.close()
