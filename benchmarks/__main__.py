@@ -209,6 +209,7 @@ COLUMNS = {
         "p95_ms",
         "max_ms",
         "x_cold",
+        "kernel_cpu_p50_ms",
         "idle_pooled_kernel_mib",
     ],
     "nodes": [

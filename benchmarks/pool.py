@@ -28,14 +28,16 @@ Row = dict[str, Any]
 SANDBOX = "python3-sandbox"
 
 
-async def first_output(server: Server, name: str) -> tuple[float, float]:
-    """Seconds from the start request to its answer, and to ``print(1)``'s output."""
+async def first_output(server: Server, name: str) -> tuple[float, float, float]:
+    """Seconds from the start request to its answer, and to the output of a ``print``, and
+    the CPU seconds the kernel's process had used when it printed (``time.process_time``:
+    since its exec, or since its fork for a kernel the forkserver forked)."""
     began = time.perf_counter()
     kernel_id = await server.start_kernel(name)
     answered = time.perf_counter() - began
     channels = await Channels.connect(server.port, kernel_id)
     try:
-        msg_id = channels.execute("print(1)")
+        msg_id = channels.execute("import time; print(time.process_time())")
         while True:
             message = await asyncio.wait_for(channels.read(), 120)
             if message is None:
@@ -45,7 +47,7 @@ async def first_output(server: Server, name: str) -> tuple[float, float]:
                 and message["parent_header"].get("msg_id") == msg_id
             ):
                 break
-        return answered, time.perf_counter() - began
+        return answered, time.perf_counter() - began, float(message["content"]["text"])
     finally:
         channels.close()
         await server.shutdown_kernel(kernel_id)
@@ -95,6 +97,7 @@ async def measure(system: System, home: Path, jupyter_path: Path, name: str, sta
     await server.start()
     answered: list[float] = []
     usable: list[float] = []
+    cpu: list[float] = []
     memory: list[int] = []
     try:
         if pool:
@@ -105,13 +108,16 @@ async def measure(system: System, home: Path, jupyter_path: Path, name: str, sta
         for _ in range(starts):
             if pool:
                 await until_full(server, name, pool)
-            first, last = await first_output(server, name)
+            first, last, used = await first_output(server, name)
             answered.append(first)
             usable.append(last)
+            cpu.append(used)
         taken = (await pool_status(server))["kernelspecs"][name]["taken"] if pool else 0
     finally:
         await server.stop()
     how = f"pooled ({pool} ready)" if pool else "cold"
+    if "--GatewayStreamApp.kernel_forkserver=False" in system.options:
+        how += ", exec'd"
     row: Row = {
         "scenario": "kernel_start",
         "system": system.name,
@@ -120,6 +126,7 @@ async def measure(system: System, home: Path, jupyter_path: Path, name: str, sta
         "taken_from_pool": taken,
         "answer_p50_ms": statistics.median(answered) * 1000,
         **summary(usable),
+        "kernel_cpu_p50_ms": statistics.median(cpu) * 1000,
     }
     if memory:
         row["idle_pooled_kernel_mib"] = statistics.mean(memory) / 2**20
@@ -134,6 +141,8 @@ async def kernel_start(home: Path, starts: int = 10, pool: int = 2) -> list[Row]
         install_sandbox_kernelspec(jupyter_path / "kernels", SANDBOX)
         names.append(SANDBOX)
     rows = [await measure(JUPYTER_SERVER, home / "pool-js", jupyter_path, "python3", starts, 0)]
+    execs = System(GATEWAY.name, GATEWAY.kind, ("--GatewayStreamApp.kernel_forkserver=False",))
+    rows.append(await measure(execs, home / "pool-exec", jupyter_path, "python3", starts, 0))
     for name in names:
         cold = await measure(GATEWAY, home / f"pool-cold-{name}", jupyter_path, name, starts, 0)
         pooled_system = System(

@@ -281,6 +281,14 @@ class GatewayStreamApp(ExtensionApp):
         "when the machine is too busy to drain it at once. Applies when the kernel manager's "
         "kernel_manager_class is jupyter_server's default.",
     )
+    kernel_forkserver = Bool(
+        True,
+        config=True,
+        help="Fork local ipykernels (those started through kernel_gateway_stream."
+        "kernel_launcher) from a process that has imported ipykernel once "
+        "(kernel_gateway_stream.kernel_forkserver), where that starts the kernel an exec "
+        "would: about 0.6 s of CPU less a kernel start. Off: every kernel is exec'd.",
+    )
     secret_env_vars = List(
         Unicode(),
         default_value=[],
@@ -566,6 +574,7 @@ class GatewayStreamApp(ExtensionApp):
         )
         self.settings["kernel_websocket_connection_class"] = StreamChannelsConnection
         StreamKernelManager.lossless_iopub = self.lossless_kernel_iopub
+        StreamKernelManager.use_forkserver = self.kernel_forkserver
         StreamKernelManager.output_directory = os.path.join(
             self._state_directory(), "kernel-output"
         )

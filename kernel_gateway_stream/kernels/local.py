@@ -11,6 +11,7 @@ another local user cannot subscribe to its IOPub as it can to a TCP port on 127.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -25,6 +26,9 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 from traitlets import default
 
+from ..core.forking import LAUNCHER_MODULE
+from . import forkserver
+
 __all__ = [
     "LAUNCHER_MODULE",
     "StreamKernelManager",
@@ -33,9 +37,13 @@ __all__ = [
     "without_secrets",
 ]
 
-LAUNCHER_MODULE = "kernel_gateway_stream.kernel_launcher"
 KERNEL_ACTIONS_SCHEMA = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"
 _IPYKERNEL_MODULES = ("ipykernel_launcher", "ipykernel")
+#: The launch arguments a forked start honours (jupyter_client's launcher takes any of
+#: Popen's): a start with another one execs.
+_FORKABLE_ARGUMENTS = frozenset(
+    {"env", "cwd", "independent", "stdin", "stdout", "stderr", "kernel_id", "extra_arguments"}
+)
 
 
 def lossless_ipykernel_command(command: list[str], executable: str) -> list[str]:
@@ -109,6 +117,9 @@ class StreamKernelManager(ServerKernelManager):
     secret_values: frozenset[str] = frozenset()
     #: Where kernels' own stdout and stderr go, one file each; empty: inherited.
     output_directory: str = ""
+    #: Fork kernels from a process that has imported ipykernel (:mod:`.forkserver`) where
+    #: that starts what an exec would.
+    use_forkserver: bool = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -172,10 +183,52 @@ class StreamKernelManager(ServerKernelManager):
             kw.setdefault("stdout", output)
             kw.setdefault("stderr", output)
         try:
-            await super()._async_launch_kernel(kernel_cmd, **kw)
+            if not await self._forked_launch(kernel_cmd, kw):
+                await super()._async_launch_kernel(kernel_cmd, **kw)
         finally:
             if output is not None:
                 os.close(output)  # the kernel holds its own copy
+
+    async def _forked_launch(self, kernel_cmd: list[str], kw: dict[str, Any]) -> bool:
+        """Start the kernel as a fork of the forkserver (see :mod:`.forkserver`) where that
+        starts what an exec would; False where it does not, or the forkserver failed."""
+        provisioner = self.provisioner
+        if not self.use_forkserver or type(provisioner) is not LocalProvisioner:
+            return False
+        if set(kw) - _FORKABLE_ARGUMENTS:
+            return False
+        env = kw.get("env")
+        if not isinstance(env, dict):
+            return False
+        key = forkserver.fork_key(kernel_cmd, env, bool(kw.get("independent")))
+        if key is None:
+            return False
+        cwd = str(kw.get("cwd") or os.getcwd())
+        with contextlib.ExitStack() as opened:
+            stdio = []
+            for name, fallback in (("stdin", None), ("stdout", 1), ("stderr", 2)):
+                fd = kw.get(name)
+                if fd is None:
+                    fd = fallback
+                if fd is None:
+                    fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                    opened.callback(os.close, fd)
+                if not isinstance(fd, int):
+                    return False
+                stdio.append(fd)
+            try:
+                process = await asyncio.to_thread(
+                    forkserver.launch, key, kernel_cmd, env, cwd, (stdio[0], stdio[1], stdio[2])
+                )
+            except forkserver.ForkServerUnavailable as error:
+                self.log.warning("Kernel started with exec: %s", error)
+                return False
+        provisioner.process = process  # type: ignore[assignment]  # Popen's interface
+        provisioner.pid = process.pid
+        provisioner.pgid = process.pid  # its own session, as jupyter_client's launcher makes
+        provisioner.cwd = cwd
+        self._reconcile_connection_info(provisioner.connection_info)
+        return True
 
     def _open_output_log(self) -> int | None:
         """A descriptor of the kernel's output log, appended to (a restart adds to it), or

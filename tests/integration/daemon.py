@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+from kernel_gateway_stream.core.forking import FORKSERVER_MODULE
+
 from ..timing import seconds
 from .wsclient import KernelWS
 
@@ -47,6 +49,14 @@ def free_port() -> int:
                 continue  # taken: pick another
             port: int = sock.getsockname()[1]
             return port
+
+
+def _is_forkserver(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return FORKSERVER_MODULE.encode() in cmdline.read()
+    except OSError:
+        return False
 
 
 class Daemon:
@@ -90,12 +100,22 @@ class Daemon:
         return self.log.read_text(errors="replace")
 
     def kernel_pids(self) -> list[int]:
-        """The processes the daemon started (its kernels)."""
+        """The processes the daemon started (its kernels): its children, and the children
+        of its kernel forkserver (``kernel_gateway_stream.kernel_forkserver``, not a
+        kernel itself)."""
+        return [pid for pid in self._descendants() if not _is_forkserver(pid)]
+
+    def _descendants(self) -> list[int]:
         assert self.process is not None
-        found = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True
-        ).stdout.split()
-        return [int(pid) for pid in found]
+        found: list[int] = []
+        parents = [self.process.pid]
+        while parents:
+            children = subprocess.run(
+                ["pgrep", "-P", ",".join(map(str, parents))], capture_output=True, text=True
+            ).stdout.split()
+            parents = [int(pid) for pid in children]
+            found.extend(parents)
+        return found
 
     async def start_kernel(self, name: str | None = None) -> str:
         body = json.dumps({"name": name} if name else {})
@@ -119,14 +139,12 @@ class Daemon:
     def kill_hard(self) -> None:
         """SIGKILL the daemon and the kernels it launched (they would outlive it)."""
         assert self.process is not None
-        children = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True
-        ).stdout.split()
+        children = self._descendants()
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
