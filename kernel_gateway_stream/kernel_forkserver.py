@@ -49,6 +49,7 @@ import select
 import signal
 import socket
 import sys
+import traceback
 from typing import Any, NamedTuple
 
 from .core.forking import LAUNCHER_MODULE, READY, encode_frame, encode_status, take_frame
@@ -69,9 +70,11 @@ class Launch(NamedTuple):
 def serve(control_fd: int) -> Launch | None:
     """Serve requests on ``control_fd`` until it closes (None); in a forked child, the
     launch it is to run."""
+    # Kernels run as this user: none may trace what forks the next ones. Before anything
+    # else: the interpreter's own start (a few tens of ms) is the only window left.
+    _set_dumpable(False)
     import kernel_gateway_stream.kernel_launcher  # noqa: F401  what every kernel imports
 
-    _set_dumpable(False)  # kernels run as this user: none may trace what forks the next
     control = socket.socket(fileno=control_fd)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
@@ -119,7 +122,11 @@ def serve(control_fd: int) -> Launch | None:
                 control.sendall(encode_frame({"error": str(error)}))
                 continue
             if pid == 0:
-                return _become_kernel(request, stdio, control)
+                try:
+                    return _become_kernel(request, stdio, control)
+                except BaseException:  # never back into the loop: this is not the server
+                    traceback.print_exc()
+                    os._exit(1)
             for fd in stdio[:3]:
                 os.close(fd)
             statuses[pid] = stdio[3]
@@ -187,7 +194,7 @@ def set_command_line(argv: list[str]) -> bool:
     size = end - start
     if size < 2:
         return False
-    title = " ".join(argv).encode()[: size - 2]
+    title = b" ".join(os.fsencode(word) for word in argv)[: size - 2]
     block = title + b"\0" + b" " * (size - len(title) - 1)
     ctypes.memmove(start, block, size)
     return True
@@ -198,6 +205,9 @@ def main() -> None:
     if launch is None:
         return
     sys.argv = [launch.argv[0], *launch.argv[3:]]
+    # Run as ``python -m`` runs it: once, as __main__ (imported ahead under its own name,
+    # runpy would warn and leave a second copy of it).
+    sys.modules.pop(LAUNCHER_MODULE, None)
     runpy.run_module(LAUNCHER_MODULE, run_name="__main__", alter_sys=True)
 
 

@@ -15,7 +15,9 @@ time zone, a few others listed in :data:`READ_AT_IMPORT`) is what the forkserver
 with. Under another ``HOME`` it forks too, unless either home has a user site directory
 (Python puts it on ``sys.path`` at start). Any other start execs, as before; so does
 every start once a forkserver has failed. One forkserver per such set of variables, at
-most :data:`MAX_SERVERS` at once.
+most :data:`MAX_SERVERS` at once. A forkserver holds the code it imported: once a package
+directory on the path changes (``pip install``, see :func:`code_stamp`), the next start
+gets a new forkserver.
 
 What differs from an exec: a forked kernel's parent is the forkserver (``pgrep -P`` of the
 gateway finds the forkserver, and the kernels under it), its stdin is ``/dev/null`` (an
@@ -51,6 +53,7 @@ __all__ = [
     "ForkServer",
     "ForkServerUnavailable",
     "ForkedProcess",
+    "code_stamp",
     "fork_key",
     "launch",
     "start_environment",
@@ -64,10 +67,27 @@ READ_AT_IMPORT = (
     "TRAITLETS_APPLICATION_RAISE_CONFIG_FILE_ERROR",
     "LANG",
     "LANGUAGE",
+    "LOCPATH",
     "TZ",
+    "TZDIR",
     "TMPDIR",
+    "GLIBC_TUNABLES",
+    "GEVENT_SUPPORT",
+    "DISPLAY",
 )
-READ_AT_IMPORT_PREFIXES = ("PYTHON", "LD_", "LC_", "PYDEVD_")
+READ_AT_IMPORT_PREFIXES = (
+    "PYTHON",
+    "LD_",
+    "LC_",
+    "MALLOC_",
+    "PYDEVD_",
+    "DEBUGPY_",
+    "PYZMQ_",
+    "TORNADO_",
+    "IDE_PROJECT_ROOTS",
+    "LIBRARY_ROOTS",
+    "PATHS_FROM_ECLIPSE_TO_PYTHON",
+)
 #: The argument block a forked kernel writes its command line into: a connection file's
 #: path and the interpreter's, with room to spare.
 COMMAND_LINE_ROOM = 4096
@@ -75,12 +95,18 @@ COMMAND_LINE_ROOM = 4096
 MAX_SERVERS = 4
 #: How long the forkserver may take to import ipykernel before a start gives up on it.
 READY_TIMEOUT = 60.0
-#: A forked kernel's exit status when the forkserver was gone before it ended.
+#: A forked kernel's exit status when the forkserver did not report it.
 UNKNOWN_EXIT = 255
+#: Seconds a forked kernel may have ended before the forkserver reports its status.
+STATUS_GRACE = 2.0
 
 
 class ForkServerUnavailable(Exception):
     """The forkserver could not start or answer: the kernel is started with exec."""
+
+
+class ForkRefused(ForkServerUnavailable):
+    """The forkserver could not fork this one start (it says why); it serves the next."""
 
 
 def fork_key(
@@ -117,6 +143,23 @@ def start_environment(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def code_stamp(env: Mapping[str, str]) -> tuple[int, ...]:
+    """The modification times of the directories a forkserver imports from (this
+    interpreter's ``sys.path`` and the start's ``PYTHONPATH``): installing, upgrading or
+    removing a package changes its directory's, and a forkserver started before would
+    fork the old code."""
+    places = [*sys.path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    stamp = []
+    for place in places:
+        if not place:
+            continue
+        try:
+            stamp.append(os.stat(place).st_mtime_ns)
+        except OSError:
+            stamp.append(-1)
+    return tuple(stamp)
+
+
 def _user_site(home: str | None) -> bool:
     """True if Python started under ``home`` would put a user site directory on its path."""
     if not home or not site.ENABLE_USER_SITE:
@@ -129,7 +172,11 @@ class ForkedProcess:
     """A kernel the forkserver forked, with what jupyter_client's provisioner asks of a
     :class:`subprocess.Popen`: ``pid``, ``poll``, ``wait``, ``send_signal``, ``terminate``,
     ``kill``, ``returncode``. Signals go through a pidfd where Linux has them, so a pid
-    reused after the kernel ended is never signalled."""
+    reused after the kernel ended is never signalled by these (jupyter_client signals the
+    process group by number, as for an exec'd kernel). Its end is the status the
+    forkserver reports; if the forkserver is gone, or has not reported
+    :data:`STATUS_GRACE` seconds after the process ended (stopped, or stuck), the end is
+    :data:`UNKNOWN_EXIT`."""
 
     stdin = stdout = stderr = None
 
@@ -142,6 +189,7 @@ class ForkedProcess:
         self._pidfd: int | None = None
         with contextlib.suppress(AttributeError, OSError):
             self._pidfd = os.pidfd_open(pid)
+        self._ended_unreported: float | None = None
         self._lock = threading.Lock()
 
     def poll(self) -> int | None:
@@ -156,19 +204,21 @@ class ForkedProcess:
             left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
             if left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            waiting = [fd for fd in (self._status_fd, self._pidfd) if fd is not None]
-            select.select(waiting, [], [], left)
+            time.sleep(left)
         assert self.returncode is not None
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
-        if self.poll() is not None:
-            return
-        if self._pidfd is not None:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(self._pidfd, signum)
-            return
-        os.kill(self.pid, signum)
+        with self._lock:
+            if self.returncode is None:
+                self._read_status()
+            if self.returncode is not None:
+                return
+            if self._pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, signum)
+                return
+            os.kill(self.pid, signum)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -181,22 +231,32 @@ class ForkedProcess:
             try:
                 data = os.read(self._status_fd, 4)
             except BlockingIOError:
-                return
+                data = None
             if data:
                 self._status += data
                 returncode = decode_status(self._status)
-                if returncode is None:
-                    return
-                self._ended(returncode)
+                if returncode is not None:
+                    self._ended(returncode)
                 return
-            os.close(self._status_fd)  # the forkserver is gone: ask the process itself
-            self._status_fd = None
-        if not self._alive():
+            if data == b"":  # the forkserver is gone: ask the process itself
+                os.close(self._status_fd)
+                self._status_fd = None
+        if self._alive():
+            return
+        if self._status_fd is None:
+            self._ended(UNKNOWN_EXIT)
+            return
+        now = time.monotonic()
+        if self._ended_unreported is None:
+            self._ended_unreported = now
+        elif now - self._ended_unreported > STATUS_GRACE:
             self._ended(UNKNOWN_EXIT)
 
     def _alive(self) -> bool:
         if self._pidfd is not None:
-            return not select.select([self._pidfd], [], [], 0)[0]
+            poller = select.poll()
+            poller.register(self._pidfd, select.POLLIN)
+            return not poller.poll(0)
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -245,6 +305,7 @@ class ForkServer:
         finally:
             theirs.close()
         self.control = ours
+        self.stamp = code_stamp(env)
         self._lock = threading.Lock()
         self._ready = False
         self._buffer = b""
@@ -258,9 +319,11 @@ class ForkServer:
                 raise ForkServerUnavailable("the forkserver failed before")
             try:
                 return self._launch(argv, env, cwd, stdio)
+            except ForkRefused:
+                raise
             except (OSError, ValueError, ForkServerUnavailable) as error:
                 self.failed = True
-                self.close()
+                self._close()
                 if isinstance(error, ForkServerUnavailable):
                     raise
                 raise ForkServerUnavailable(f"the forkserver failed: {error}") from error
@@ -276,7 +339,8 @@ class ForkServer:
         status_read, status_write = os.pipe()
         try:
             request = encode_frame({"argv": argv, "env": dict(env), "cwd": cwd})
-            socket.send_fds(self.control, [request], [*stdio, status_write])
+            sent = socket.send_fds(self.control, [request], [*stdio, status_write])
+            self.control.sendall(request[sent:])  # a long environment may go in parts
         finally:
             os.close(status_write)
         try:
@@ -286,7 +350,7 @@ class ForkServer:
             raise
         if "pid" not in reply:
             os.close(status_read)
-            raise ForkServerUnavailable(f"the forkserver refused: {reply.get('error')}")
+            raise ForkRefused(f"the forkserver could not fork it: {reply.get('error')}")
         os.set_blocking(status_read, False)
         return ForkedProcess(int(reply["pid"]), status_read, argv)
 
@@ -300,7 +364,12 @@ class ForkServer:
         return dict(reply)
 
     def close(self) -> None:
-        """Let the forkserver go: it exits; the kernels it forked run on."""
+        """Let the forkserver go: it exits; the kernels it forked run on. Waits for a
+        start in progress."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         self.control.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
@@ -318,12 +387,20 @@ def launch(
     stdio: tuple[int, int, int],
 ) -> ForkedProcess:
     """Fork a kernel from the forkserver for ``key`` (:func:`fork_key`), started on first
-    use with ``env``. Blocking: call it in a thread. ForkServerUnavailable if it cannot."""
+    use with ``env``. Blocking: call it in a thread. ForkServerUnavailable if it cannot,
+    and from then on for that key (a forkserver that failed is not started again: each
+    start would pay its import and exec anyway)."""
+    evicted = []
+    stamp = code_stamp(env)
     with _servers_lock:
         server = _servers.get(key)
-        if server is None or server.failed:
+        if server is not None and server.stamp != stamp and not server.failed:
+            evicted.append(_servers.pop(key))  # its code changed since it started
+            server = None
+        if server is None:
             if len(_servers) >= MAX_SERVERS:
-                oldest = next(iter(_servers))
-                _servers.pop(oldest).close()
+                evicted.append(_servers.pop(next(iter(_servers))))
             server = _servers[key] = ForkServer(env)
+    for old in evicted:
+        old.close()  # outside the lock: it waits for that forkserver to exit
     return server.launch(argv, env, cwd, stdio)

@@ -204,25 +204,32 @@ class StreamKernelManager(ServerKernelManager):
         if key is None:
             return False
         cwd = str(kw.get("cwd") or os.getcwd())
+        if not os.path.isdir(cwd):
+            return False  # an exec fails at once, and says why
+        stdio: list[int] = []
+        for name, fallback in (("stdin", None), ("stdout", 1), ("stderr", 2)):
+            fd = kw.get(name)
+            if fd is None:
+                fd = fallback
+            if fd is not None and (not isinstance(fd, int) or fd < 0):
+                return False  # PIPE, DEVNULL, a file object: Popen's to make
+            stdio.append(-1 if fd is None else fd)
+        # The start runs in a thread on copies of the descriptors that the thread closes:
+        # a start cancelled here cannot have the caller's descriptors closed under it.
         with contextlib.ExitStack() as opened:
-            stdio = []
-            for name, fallback in (("stdin", None), ("stdout", 1), ("stderr", 2)):
-                fd = kw.get(name)
-                if fd is None:
-                    fd = fallback
-                if fd is None:
-                    fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-                    opened.callback(os.close, fd)
-                if not isinstance(fd, int):
-                    return False
-                stdio.append(fd)
-            try:
-                process = await asyncio.to_thread(
-                    forkserver.launch, key, kernel_cmd, env, cwd, (stdio[0], stdio[1], stdio[2])
-                )
-            except forkserver.ForkServerUnavailable as error:
-                self.log.warning("Kernel started with exec: %s", error)
-                return False
+            owned = []
+            for fd in stdio:
+                copy = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if fd < 0 else os.dup(fd)
+                opened.callback(os.close, copy)
+                owned.append(copy)
+            handed = opened.pop_all()
+        try:
+            process = await asyncio.to_thread(
+                _launch_and_close, handed, key, kernel_cmd, env, cwd, tuple(owned)
+            )
+        except forkserver.ForkServerUnavailable as error:
+            self.log.warning("Kernel started with exec: %s", error)
+            return False
         provisioner.process = process  # type: ignore[assignment]  # Popen's interface
         provisioner.pid = process.pid
         provisioner.pgid = process.pid  # its own session, as jupyter_client's launcher makes
@@ -267,3 +274,16 @@ class StreamKernelManager(ServerKernelManager):
     def _announce(self, what: str) -> None:
         for hook in list(self.lifecycle_hooks):
             hook(what)
+
+
+def _launch_and_close(
+    owned: contextlib.ExitStack,
+    key: tuple[Any, ...],
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    stdio: tuple[int, ...],
+) -> forkserver.ForkedProcess:
+    """:func:`.forkserver.launch` on descriptors this call owns, closed once it returns."""
+    with owned:
+        return forkserver.launch(key, argv, env, cwd, (stdio[0], stdio[1], stdio[2]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from kernel_gateway_stream.core.forking import FORKSERVER_MODULE, LAUNCHER_MODULE
 
 from .daemon import Daemon
+from .waits import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -157,3 +159,57 @@ async def test_with_the_forkserver_off_every_kernel_is_an_exec(daemon: Daemon) -
     found = await report(daemon, kernel_id)
     assert FORKSERVER_MODULE not in str(found["parent"]), found
     assert LAUNCHER_MODULE in str(found["self"])
+
+
+async def test_a_forkserver_killed_leaves_its_kernels_running_and_the_next_start_execs(
+    daemon: Daemon,
+) -> None:
+    daemon.start()
+    await daemon.wait_ready()
+    forked_id = await daemon.start_kernel()
+    forked = await report(daemon, forked_id)
+    forkserver = int(str(forked["parent_pid"]))
+    os.kill(forkserver, signal.SIGKILL)
+    await wait_until(lambda: not alive(forkserver), "the forkserver gone")
+    assert daemon.process is not None
+    after = await report(daemon, await daemon.start_kernel())
+    assert after["parent_pid"] == daemon.process.pid, after
+    assert "Kernel started with exec: the forkserver" in daemon.log_text()
+    # The forked kernel runs on, and its end is seen without the forkserver's report.
+    again = await report(daemon, forked_id)
+    assert again["pid"] == forked["pid"]
+    await daemon.fetch(f"/api/kernels/{forked_id}", method="DELETE")
+    kernels = {kernel["id"] for kernel in await daemon.fetch("/api/kernels")}
+    assert forked_id not in kernels
+    await wait_until(lambda: not alive(int(str(forked["pid"]))), "the forked kernel ended")
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie nobody reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+async def test_a_package_directory_changed_since_the_forkserver_started_gets_a_new_one(
+    daemon: Daemon,
+) -> None:
+    # The forkserver holds the code it imported; a directory on the path that changed since
+    # (what pip install does to site-packages) gets the next start a new forkserver.
+    extra = daemon.home / "extra"
+    extra.mkdir()
+    install_kernelspec(daemon, "own-path", {"PYTHONPATH": str(extra)})
+    daemon.start()
+    await daemon.wait_ready()
+    before = await report(daemon, await daemon.start_kernel("own-path"))
+    same = await report(daemon, await daemon.start_kernel("own-path"))
+    assert same["parent_pid"] == before["parent_pid"]
+    (extra / "installed_later.py").write_text("VALUE = 'new'\n")
+    after = await report(daemon, await daemon.start_kernel("own-path"))
+    assert FORKSERVER_MODULE in str(after["parent"]), after
+    assert after["parent_pid"] != before["parent_pid"]
+    await wait_until(lambda: not alive(int(str(before["parent_pid"]))), "the old forkserver gone")
+    # The kernels of the old forkserver run on.
+    assert alive(int(str(before["pid"])))
