@@ -147,8 +147,10 @@ def code_stamp(env: Mapping[str, str]) -> tuple[int, ...]:
     """The modification times of the directories a forkserver imports from (this
     interpreter's ``sys.path`` and the start's ``PYTHONPATH``): installing, upgrading or
     removing a package changes its directory's, and a forkserver started before would
-    fork the old code."""
-    places = [*sys.path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    fork the old code. Not ``sys.path[0]``: the gateway's script directory, or the
+    directory it was started in with ``python -m`` (often the notebooks' root, where files
+    come and go), is not the forkserver's (it starts in ``/``)."""
+    places = [*sys.path[1:], *env.get("PYTHONPATH", "").split(os.pathsep)]
     stamp = []
     for place in places:
         if not place:

@@ -15,7 +15,7 @@ from kernel_gateway_stream.core.forking import (
     encode_status,
     take_frame,
 )
-from kernel_gateway_stream.kernels.forkserver import fork_key
+from kernel_gateway_stream.kernels.forkserver import code_stamp, fork_key
 
 COMMAND = [sys.executable, "-m", LAUNCHER_MODULE, "-f", "kernel-1.json"]
 
@@ -65,3 +65,23 @@ def test_another_home_forks_only_without_a_user_site(tmp_path: Path) -> None:
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     (tmp_path / "b" / ".local" / "lib" / version / "site-packages").mkdir(parents=True)
     assert fork_key(COMMAND, env, True) != fork_key(COMMAND, other, True)
+
+
+def test_a_new_package_changes_the_code_stamp_and_a_new_notebook_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started_in = tmp_path / "notebooks"  # sys.path[0] of ``python -m``: not imported from
+    packages = tmp_path / "site-packages"
+    own = tmp_path / "own"  # a kernelspec's PYTHONPATH
+    for directory in (started_in, packages, own):
+        directory.mkdir()
+    monkeypatch.setattr(sys, "path", [str(started_in), str(packages), *sys.path[1:]])
+    env = {"PYTHONPATH": str(own)}
+    stamp = code_stamp(env)
+    (started_in / "Untitled.ipynb").write_text("{}")
+    assert code_stamp(env) == stamp
+    (packages / "new_package").mkdir()
+    assert code_stamp(env) != stamp
+    stamp = code_stamp(env)
+    (own / "module.py").write_text("")
+    assert code_stamp(env) != stamp
