@@ -285,7 +285,7 @@ class ForkServer:
     """One forkserver process, started with ``env``; :meth:`launch` is thread-safe and
     blocks (the first call while the forkserver imports ipykernel)."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], stamp: tuple[int, ...]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.process = subprocess.Popen(
@@ -307,7 +307,7 @@ class ForkServer:
         finally:
             theirs.close()
         self.control = ours
-        self.stamp = code_stamp(env)
+        self.stamp = stamp  # :func:`code_stamp` when it started
         self._lock = threading.Lock()
         self._ready = False
         self._buffer = b""
@@ -402,7 +402,7 @@ def launch(
         if server is None:
             if len(_servers) >= MAX_SERVERS:
                 evicted.append(_servers.pop(next(iter(_servers))))
-            server = _servers[key] = ForkServer(env)
+            server = _servers[key] = ForkServer(env, stamp)
     for old in evicted:
         old.close()  # outside the lock: it waits for that forkserver to exit
     return server.launch(argv, env, cwd, stdio)

@@ -206,26 +206,26 @@ class StreamKernelManager(ServerKernelManager):
         cwd = str(kw.get("cwd") or os.getcwd())
         if not os.path.isdir(cwd):
             return False  # an exec fails at once, and says why
-        stdio: list[int] = []
-        for name, fallback in (("stdin", None), ("stdout", 1), ("stderr", 2)):
-            fd = kw.get(name)
-            if fd is None:
-                fd = fallback
-            if fd is not None and (not isinstance(fd, int) or fd < 0):
-                return False  # PIPE, DEVNULL, a file object: Popen's to make
-            stdio.append(-1 if fd is None else fd)
         # The start runs in a thread on copies of the descriptors that the thread closes:
         # a start cancelled here cannot have the caller's descriptors closed under it.
         with contextlib.ExitStack() as opened:
             owned = []
-            for fd in stdio:
-                copy = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) if fd < 0 else os.dup(fd)
+            for name, fallback in (("stdin", None), ("stdout", 1), ("stderr", 2)):
+                fd = kw.get(name)
+                if fd is None:
+                    fd = fallback
+                if fd is None:
+                    copy = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                elif isinstance(fd, int) and fd >= 0:
+                    copy = os.dup(fd)
+                else:
+                    return False  # PIPE, DEVNULL, a file object: Popen's to make
                 opened.callback(os.close, copy)
                 owned.append(copy)
             handed = opened.pop_all()
         try:
             process = await asyncio.to_thread(
-                _launch_and_close, handed, key, kernel_cmd, env, cwd, tuple(owned)
+                _launch_and_close, handed, key, kernel_cmd, env, cwd, (owned[0], owned[1], owned[2])
             )
         except forkserver.ForkServerUnavailable as error:
             self.log.warning("Kernel started with exec: %s", error)
@@ -282,8 +282,8 @@ def _launch_and_close(
     argv: list[str],
     env: dict[str, str],
     cwd: str,
-    stdio: tuple[int, ...],
+    stdio: tuple[int, int, int],
 ) -> forkserver.ForkedProcess:
     """:func:`.forkserver.launch` on descriptors this call owns, closed once it returns."""
     with owned:
-        return forkserver.launch(key, argv, env, cwd, (stdio[0], stdio[1], stdio[2]))
+        return forkserver.launch(key, argv, env, cwd, stdio)
