@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import hmac
 import ipaddress
@@ -676,6 +677,11 @@ class GatewayStreamApp(ExtensionApp):
         sessions.kernel_culled = kernel_culled
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        if isinstance(serverapp, StreamServerApp) and not gc.isenabled():
+            # The daemon started with the collector off (``__main__``): what its imports and
+            # set-up built lives as long as the process, and no collection walks it again.
+            gc.freeze()
+            gc.enable()
         if not hasattr(self, "services"):
             return  # the extension did not load (its store is another process's)
         self.recovering.set()
