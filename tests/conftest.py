@@ -132,7 +132,12 @@ def jp_server_cleanup(jp_asyncio_loop: asyncio.AbstractEventLoop) -> Iterator[No
     linger. jupyter_client gives each a linger of 1 s, and the one jupyter_server watches
     a kernel's activity on (an IOPub SUB) had something queued for a kernel gone by then:
     the context's end waited that second out in every such teardown (about 110 s of a
-    run's teardowns). What the sockets could still send goes to kernels being shut down."""
+    run's teardowns). What the sockets could still send goes to kernels being shut down.
+
+    The test's kernels are killed, not asked to shut down: the kernel takes 0.15 to 0.7 s to
+    exit after its ``shutdown_request`` (one that had not finished its start, seconds), and
+    jupyter_client polls for it every 0.1 s. A test that asserts how a kernel shuts down
+    does it in its body (``tests/integration/test_shutdown.py``)."""
     yield
     app = ServerApp.instance()
     manager = getattr(app, "kernel_manager", None)
@@ -141,12 +146,28 @@ def jp_server_cleanup(jp_asyncio_loop: asyncio.AbstractEventLoop) -> Iterator[No
             if not socket.closed:
                 socket.linger = 0
     try:
+        if manager is not None:
+            jp_asyncio_loop.run_until_complete(_kill_kernels(manager))
         jp_asyncio_loop.run_until_complete(app._cleanup())
     except (RuntimeError, SystemExit) as error:
         print("ignoring cleanup error", error)
-    if manager is not None:
-        manager.context.destroy(linger=0)
-    ServerApp.clear_instance()
+    finally:
+        if manager is not None:
+            manager.context.destroy(linger=0)
+        ServerApp.clear_instance()
+
+
+async def _kill_kernels(manager: Any) -> None:
+    """Kill every kernel of the test's server at once; a kernel that is gone already (one
+    whose start failed leaves the list meanwhile) is no error."""
+    kernel_ids = list(manager.list_kernel_ids())
+    results = await asyncio.gather(
+        *(manager.shutdown_kernel(kernel_id, now=True) for kernel_id in kernel_ids),
+        return_exceptions=True,
+    )
+    for kernel_id, result in zip(kernel_ids, results, strict=True):
+        if isinstance(result, BaseException) and kernel_id in manager.list_kernel_ids():
+            raise result
 
 
 TESTS = Path(__file__).resolve().parent
