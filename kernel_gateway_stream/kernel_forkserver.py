@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import runpy
 import select
@@ -73,7 +74,14 @@ def serve(control_fd: int) -> Launch | None:
     # Kernels run as this user: none may trace what forks the next ones. Before anything
     # else: the interpreter's own start (a few tens of ms) is the only window left.
     _set_dumpable(False)
+    # The collector walked what the import builds over and over while it ran (about a fifth
+    # of its CPU): off for the import, then what it built is frozen out of every later
+    # collection, here and in each kernel forked from here, which keeps it all its life.
+    gc.disable()
     import kernel_gateway_stream.kernel_launcher  # noqa: F401  what every kernel imports
+
+    gc.freeze()
+    gc.enable()
 
     control = socket.socket(fileno=control_fd)
     wake_read, wake_write = os.pipe()
