@@ -110,7 +110,7 @@ async def test_a_sigkill_logs_how_many_records_it_lost(daemon: Daemon) -> None:
     """Records numbered (and sent to clients) but not yet committed when the daemon is
     SIGKILLed are lost: the next start logs how many, not the reservation's range (which
     runs ``reserve_ahead`` past them). The writer is made to linger so they wait."""
-    daemon.start(f"--SQLiteTranscriptStore.batch_linger={seconds(5)}")
+    daemon.start(f"--SQLiteTranscriptStore.batch_linger={seconds(2)}")
     await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
 
