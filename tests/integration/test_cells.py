@@ -134,6 +134,8 @@ async def test_a_running_cell_and_a_restart(jp_fetch: Any, start_kernel: Any, co
     (running,) = answer["executions"]
     assert running["status"] == "running"
     assert running["outputs"][0]["text"].startswith("tick 0\ntick 1\n")
+    # Not its five seconds to the end: interrupted, it ends at once.
+    await jp_fetch("api", "kernels", kernel_id, "interrupt", method="POST", body="")
     await ws.until_idle(msg_id, timeout=60)
     await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body="{}")
     answer = await cells(jp_fetch, kernel_id)

@@ -70,7 +70,7 @@ def test_what_a_kernel_prints_unwatched_reaches_the_next_subscriber(
     first = manager.client()
     first.start_channels(hb=False)
     first.wait_for_ready(timeout=seconds(60))
-    first.execute(PRINTS)
+    msg_id = first.execute(PRINTS)
     # Watch the first lines, then leave: the kernel prints on to nobody.
     lines: list[int] = []
     deadline = time.monotonic() + seconds(30)
@@ -79,8 +79,11 @@ def test_what_a_kernel_prints_unwatched_reaches_the_next_subscriber(
         message = first.get_iopub_msg(timeout=seconds(10))
         if message["msg_type"] == "stream":
             lines += [int(line) for line in message["content"]["text"].split()]
+    first.iopub_channel.stop()
+    # The run ends meanwhile (60 lines, 20 ms apart): its reply comes on the shell channel.
+    while first.get_shell_msg(timeout=seconds(30))["parent_header"].get("msg_id") != msg_id:
+        pass
     first.stop_channels()
-    time.sleep(seconds(1.5))  # the run ends meanwhile (60 lines, 20 ms apart)
 
     second = manager.client()
     second.start_channels(hb=False)
