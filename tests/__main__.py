@@ -1,18 +1,21 @@
 """The whole suite, as CI runs it: ``python -m tests`` (arguments go to pytest).
 
-One run of pytest on one worker more than there are cores (pytest-xdist: each test owns its
-ports, directories, Redis keys and kernels, so any two run at once). With one worker per
-core, a third of the machine sat idle (``/proc/stat``: 328 of 1,131 core-seconds, on
-2026-12-07, 561 s): the suite's tests wait, on a kernel's restart, a lease's expiry, a
-flood's pace, a browser's page, and while both workers waited the cores did nothing. A
-third worker on two cores took the idle share to 13 % and the run to 469 s. Four workers
-on two cores (an earlier measure: 569 s against 793 s) starved the machine: fresh-clone
-runs then failed a different time-sensitive test each time (a 5 s close handshake, a
-browser page's 180 s wait, an upstream flood that stalled).
+One run of pytest on one worker per core (pytest-xdist: each test owns its ports,
+directories, Redis keys and kernels, so any two run at once). A third of the cores' time is
+then idle (``/proc/stat`` over a run on 2026-12-07: 328 of 1,131 core-seconds, 561 s)
+while both workers' tests wait (on a restarter's poll, a lease's expiry, a flood's pace, a
+browser's page). One worker more than the cores took that to 13 % and the run to 425 to
+496 s (five runs, 2026-12-07), but a browser test then failed in one of five fresh clones
+(its JupyterLab page came up without its theme's stylesheet, and the kernel's indicator
+never showed), as one had under three workers on 2026-12-06 (a widgets page missed a
+line); under one worker per core neither was seen in any run. Four workers on two cores
+(569 s against 793 s in one measure) failed a different time-sensitive test in each
+fresh clone (a 5 s close handshake, a browser page's 180 s wait, an upstream flood that
+stalled).
 
 The tests marked ``alone`` measure the daemon's memory under a flood or a storm. They run
 one after another on one worker (``tests/conftest.py`` puts them in one xdist group),
-never beside each other, while the other workers run the rest. Until 2026-12-07 they ran
+never beside each other, while the other worker runs the rest. Until 2026-12-07 they ran
 after the others, in a second run of their own: 144 to 170 s in which one core was about
 half idle (``/proc/stat``: 146 s busy of 320). What they bound is the daemon's own memory,
 which another test's processes do not add to; a bound that held only on an idle machine
@@ -22,7 +25,6 @@ would be no bound.
 from __future__ import annotations
 
 import compileall
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +38,7 @@ def main(arguments: list[str]) -> int:
     # and forkservers) compiled it again: about 0.1 s of CPU a daemon's start. Written
     # once here, every one of them reads it.
     compileall.compile_dir(str(PACKAGE), quiet=1)
-    workers = len(os.sched_getaffinity(0)) + 1
-    run = ["-n", str(workers), "--dist", "loadgroup", *arguments]
+    run = ["-n", "auto", "--dist", "loadgroup", *arguments]
     return subprocess.call([sys.executable, "-m", "pytest", *run])
 
 
