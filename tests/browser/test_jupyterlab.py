@@ -297,9 +297,27 @@ async def lab_page(name: str) -> AsyncIterator[tuple[Any, list[str]]]:
         page = await browser.new_page(viewport={"width": 1200, "height": 900})
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
+        # What the page asked for and did not get, told when the case fails: a fresh-clone
+        # run once found the page unstyled ("Error Loading Theme: Stylesheet failed to
+        # load", the server having logged no error) and waited out its 180 s for a kernel
+        # indicator that never showed.
+        failed: list[str] = []
+        page.on(
+            "requestfailed",
+            lambda request: failed.append(f"{request.method} {request.url}: {request.failure}"),
+        )
+        page.on(
+            "response",
+            lambda response: (
+                failed.append(f"{response.status} {response.url}")
+                if response.status >= 400
+                else None
+            ),
+        )
         try:
             yield page, errors
         except BaseException:
+            print(f"requests of the page that failed: {failed}")
             with contextlib.suppress(Exception):
                 await page.screenshot(path=str(ARTIFACTS / f"jupyterlab-{name}-failed.png"))
             raise
