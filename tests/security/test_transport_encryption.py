@@ -140,7 +140,10 @@ async def test_attaching_by_connection_info_with_curve_keys(daemon: Daemon, tmp_
     )
     try:
         info = json.loads(path.read_text())
-        daemon.start()
+        # The attach without the keys is refused once attach_timeout has passed: 1 s (scaled),
+        # not the default 10. The kernel, started before the daemon, has had seconds to be up
+        # by the time the attach with the keys asks it.
+        daemon.start(f"--KernelAttacher.attach_timeout={seconds(1)}")
         await daemon.wait_ready()
         plain = {k: v for k, v in info.items() if not k.startswith("curve_")}
         for refused_info, reason in (
