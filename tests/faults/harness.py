@@ -445,10 +445,10 @@ class Harness:
             try:
                 key = f"{self.cluster.prefix}{{{self.kernel_id}}}"
                 meta = client.hgetall(f"{key}:meta")
-                tail = [entry for entry, _ in client.xrevrange(f"{key}:log", count=3)]
+                tail = [entry for entry, _ in client.xrevrange(f"{key}:log", count=3) or []]
                 note += (
                     f"; Redis: meta {meta}, log length {client.xlen(f'{key}:log')}, last "
-                    f"entries {tail}, lease {client.get(f'{key}:lease')}"
+                    f"entries {tail}, lease {client.get(f'{key}:lease')!r}"
                 )
             except redis.RedisError as error:
                 note += f"; Redis could not be read: {error}"

@@ -369,6 +369,7 @@ async def test_redis_restarted_empty_mid_output_loses_no_kernel_and_nothing_sile
                 # ends it kept, and those executions never ended in the transcript).
                 lease = client.get(f"{keys}{{{kernel_id}}}:lease") or b""
                 assert a.process is not None
+                assert isinstance(lease, bytes)  # the client does not decode responses
                 holder = lease.decode().rsplit(":", 1)[0]
                 if holder.split("-")[-2:-1] != [str(a.process.pid)]:
                     problems.append(f"the lease is {holder!r}'s, not A's (the live owner)")
