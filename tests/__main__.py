@@ -5,7 +5,7 @@ directories, Redis keys and kernels, so any two run at once). A third of the cor
 then idle (``/proc/stat`` over a run on 2026-12-07: 328 of 1,131 core-seconds, 561 s)
 while both workers' tests wait (on a restarter's poll, a lease's expiry, a flood's pace, a
 browser's page). One worker more than the cores took that to 13 % and the run to 425 to
-496 s (five runs, 2026-12-07), but a browser test then failed in one of five fresh clones
+496 s (five runs, 2026-12-07), but a browser test then failed in one of four fresh clones
 (its JupyterLab page came up without its theme's stylesheet, and the kernel's indicator
 never showed), as one had under three workers on 2026-12-06 (a widgets page missed a
 line); under one worker per core neither was seen in any run. Four workers on two cores
