@@ -59,6 +59,24 @@ def _is_forkserver(pid: int) -> bool:
         return False
 
 
+def processes_under(directory: Path) -> list[int]:
+    """The processes whose command line names something in ``directory``: for a daemon's
+    home, the kernels it started (their connection files are in its runtime directory),
+    whichever start of the daemon started them and whether or not they are its children."""
+    mark = str(directory).encode() + b"/"
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if mark in cmdline.read():
+                    found.append(int(entry))
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
 class Daemon:
     """``python -m kernel_gateway_stream`` in its own Jupyter directories."""
 

@@ -15,6 +15,7 @@ that asks for one).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 
 from ..timing import seconds
-from .daemon import Daemon
+from .daemon import Daemon, processes_under
 from .sseclient import SSEReader, stream_text
 from .waits import wait_until
 
@@ -80,8 +81,15 @@ class Cluster:
         await asyncio.gather(*(node.wait_ready() for node in self.nodes.values()))
 
     def stop(self) -> None:
+        """Stop every node, then kill the kernels they started that still run: a node of a
+        cluster leaves its kernels running when it stops (another node may take them over),
+        and once all have stopped none is left to (one outlived a run of the suite)."""
         for node in self.nodes.values():
             node.stop()
+        for node in self.nodes.values():
+            for pid in processes_under(node.home):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def clean(self) -> None:
         import redis
