@@ -29,6 +29,14 @@ from kernel_gateway_stream.handlers.common import SETTINGS_KEY, Services
 from .integration.daemon import daemon, module_daemon
 from .integration.sseclient import SSEReader
 from .integration.wsclient import KernelWS
+from .leftovers import (
+    mark_this_process,
+    pytest_sessionfinish,  # noqa: F401
+    pytest_terminal_summary,  # noqa: F401
+    pytest_testnodedown,  # noqa: F401
+)
+
+mark_this_process()
 
 # Fixtures: the daemon as a subprocess, one per test or one per module
 # (tests/integration/daemon.py).

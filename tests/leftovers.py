@@ -1,0 +1,92 @@
+"""What the suite left running: each pytest process, when its session ends, finds the
+processes it started (directly or not) that still run, kills them, and the run's summary
+lists them, so that a test or fixture that leaves a kernel, a daemon or a server behind is
+named by the next run instead of found by chance afterwards.
+
+Every process started from a pytest process inherits :data:`MARK` with that process's
+pid (tests/conftest.py sets it when it is imported), daemons, kernels forked by their
+forkservers, servers and browsers alike: a process is "ours" when its environment has it.
+Only what runs once every fixture has been torn down counts. The list is a report, not a
+failure: what it names is a bug to find in the test that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+#: The environment variable every process the suite starts inherits.
+MARK = "KGS_TEST_SESSION"
+#: Seconds a process that is ending anyway (a kernel told to shut down, a browser closing)
+#: has to be gone before it is counted.
+GRACE = 5.0
+
+
+def mark_this_process() -> None:
+    os.environ[MARK] = str(os.getpid())
+
+
+def left_running() -> list[tuple[int, str]]:
+    """The processes still running that this one started: (pid, command line)."""
+    mark = f"{MARK}={os.getpid()}".encode()
+    found: list[tuple[int, str]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if mark not in environ.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # ended meanwhile, or not ours to read
+        if command:  # a zombie has none: it has ended, its parent has not reaped it yet
+            found.append((int(entry), command))
+    return found
+
+
+def end_leftovers() -> list[str]:
+    """Wait :data:`GRACE` for this process's leftovers to end, kill those that did not, and
+    describe each."""
+    deadline = time.monotonic() + GRACE
+    while (found := left_running()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid, _ in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return [f"{pid} {command[:300]}" for pid, command in found]
+
+
+#: What this process (the controller, without pytest-xdist: the only one) found.
+LEFTOVERS = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    leftovers = end_leftovers()
+    config: Any = session.config
+    if hasattr(config, "workeroutput"):  # a pytest-xdist worker: the controller prints them
+        config.workeroutput["leftovers"] = leftovers
+    else:
+        config.stash.setdefault(LEFTOVERS, []).extend(leftovers)
+
+
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the controller, as each worker ends: what it left running."""
+    found = getattr(node, "workeroutput", {}).get("leftovers", [])
+    worker = node.gateway.id
+    node.config.stash.setdefault(LEFTOVERS, []).extend(f"{worker}: {line}" for line in found)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    leftovers = config.stash.get(LEFTOVERS, [])
+    if leftovers:
+        terminalreporter.section("processes the tests left running (killed)")
+        for line in leftovers:
+            terminalreporter.write_line(line)
