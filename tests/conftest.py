@@ -34,6 +34,7 @@ from .leftovers import (
     pytest_sessionfinish,  # noqa: F401
     pytest_terminal_summary,  # noqa: F401
     pytest_testnodedown,  # noqa: F401
+    remember_the_temporary_directory,  # noqa: F401
 )
 
 mark_this_process()

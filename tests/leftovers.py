@@ -3,11 +3,14 @@ processes it started (directly or not) that still run, kills them, and the run's
 lists them, so that a test or fixture that leaves a kernel, a daemon or a server behind is
 named by the next run instead of found by chance afterwards.
 
-Every process started from a pytest process inherits :data:`MARK` with that process's
-pid (tests/conftest.py sets it when it is imported), daemons, kernels forked by their
-forkservers, servers and browsers alike: a process is "ours" when its environment has it.
-Only what runs once every fixture has been torn down counts. The list is a report, not a
-failure: what it names is a bug to find in the test that started it.
+A process is "ours" when its environment has :data:`MARK` with this pytest process's pid
+(tests/conftest.py sets it when it is imported, and every process started from here
+inherits it: daemons, servers, browsers, kernels started with exec), or when its command
+line names a path in this process's temporary directory: a kernel a forkserver forked
+shows the environment the forkserver was started with, which is not the daemon's, and its
+command line names its connection file, in a test's directory. Only what runs once every
+fixture has been torn down counts. The list is a report, not a failure: what it names is a
+bug to find in the test that started it.
 """
 
 from __future__ import annotations
@@ -27,8 +30,17 @@ MARK = "KGS_TEST_SESSION"
 GRACE = 5.0
 
 
+#: This process's temporary directory (pytest's basetemp), with a trailing slash.
+_TEMPORARY: list[bytes] = []
+
+
 def mark_this_process() -> None:
     os.environ[MARK] = str(os.getpid())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remember_the_temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    _TEMPORARY.append(str(tmp_path_factory.getbasetemp()).encode() + b"/")
 
 
 def left_running() -> list[tuple[int, str]]:
@@ -39,13 +51,15 @@ def left_running() -> list[tuple[int, str]]:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                if mark not in environ.read().split(b"\0"):
-                    continue
             with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                raw = cmdline.read()
+            if not any(place in raw for place in _TEMPORARY):
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if mark not in environ.read().split(b"\0"):
+                        continue
         except OSError:
             continue  # ended meanwhile, or not ours to read
+        command = raw.replace(b"\0", b" ").decode(errors="replace").strip()
         if command:  # a zombie has none: it has ended, its parent has not reaped it yet
             found.append((int(entry), command))
     return found
