@@ -83,8 +83,12 @@ LEFTOVERS = pytest.StashKey[list[str]]()
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    leftovers = end_leftovers()
     config: Any = session.config
+    if config.pluginmanager.getplugin("dsession") is not None:
+        # pytest-xdist's controller: it runs no test, and its workers, which inherited
+        # its mark and may still be ending, are not leftovers (each worker looks for its own).
+        return
+    leftovers = end_leftovers()
     if hasattr(config, "workeroutput"):  # a pytest-xdist worker: the controller prints them
         config.workeroutput["leftovers"] = leftovers
     else:
