@@ -8,7 +8,11 @@ browser's page). One worker more than the cores took that to 13 % and the run to
 496 s (five runs, 2026-12-07), but a browser test then failed in one of four fresh clones
 (its JupyterLab page came up without its theme's stylesheet, and the kernel's indicator
 never showed), as one had under three workers on 2026-12-06 (a widgets page missed a
-line); under one worker per core neither was seen in any run. Four workers on two cores
+line); under one worker per core neither was seen in any run. On a slower day
+(2026-12-07 night) three workers took 506 to 541 s in four runs, all passed, and two
+workers 639 s: that day the suite's work took about 1,000 core-seconds, more than two
+cores have in 8 minutes, whatever the workers (docs/guarantees.md, "Known limits"). Four
+workers on two cores
 (569 s against 793 s in one measure) failed a different time-sensitive test in each
 fresh clone (a 5 s close handshake, a browser page's 180 s wait, an upstream flood that
 stalled).
