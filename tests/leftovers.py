@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from .integration.daemon import other_processes
+
 #: The environment variable every process the suite starts inherits.
 MARK = "KGS_TEST_SESSION"
 #: Seconds a process that is ending anyway (a kernel told to shut down, a browser closing)
@@ -47,21 +49,17 @@ def left_running() -> list[tuple[int, str]]:
     """The processes still running that this one started: (pid, command line)."""
     mark = f"{MARK}={os.getpid()}".encode()
     found: list[tuple[int, str]] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                raw = cmdline.read()
-            if not any(place in raw for place in _TEMPORARY):
-                with open(f"/proc/{entry}/environ", "rb") as environ:
+    for pid, raw in other_processes():
+        if not raw:
+            continue  # a zombie: it has ended, its parent has not reaped it yet
+        if not any(place in raw for place in _TEMPORARY):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as environ:
                     if mark not in environ.read().split(b"\0"):
                         continue
-        except OSError:
-            continue  # ended meanwhile, or not ours to read
-        command = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-        if command:  # a zombie has none: it has ended, its parent has not reaped it yet
-            found.append((int(entry), command))
+            except OSError:
+                continue  # ended meanwhile, or not ours to read
+        found.append((pid, raw.replace(b"\0", b" ").decode(errors="replace").strip()))
     return found
 
 

@@ -59,22 +59,25 @@ def _is_forkserver(pid: int) -> bool:
         return False
 
 
-def processes_under(directory: Path) -> list[int]:
-    """The processes whose command line names something in ``directory``: for a daemon's
-    home, the kernels it started (their connection files are in its runtime directory),
-    whichever start of the daemon started them and whether or not they are its children."""
-    mark = str(directory).encode() + b"/"
-    found: list[int] = []
+def other_processes() -> Iterator[tuple[int, bytes]]:
+    """Every process but this one, with its command line (arguments NUL-separated; empty
+    for a zombie); those that end while they are read are left out."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if mark in cmdline.read():
-                    found.append(int(entry))
+                yield int(entry), cmdline.read()
         except OSError:
             continue  # ended meanwhile
-    return found
+
+
+def processes_under(directory: Path) -> list[int]:
+    """The processes whose command line names something in ``directory``: for a daemon's
+    home, the kernels it started (their connection files are in its runtime directory),
+    whichever start of the daemon started them and whether or not they are its children."""
+    mark = str(directory).encode() + b"/"
+    return [pid for pid, command in other_processes() if mark in command]
 
 
 class Daemon:
