@@ -1,25 +1,25 @@
 """The whole suite, as CI runs it: ``python -m tests`` (arguments go to pytest).
 
-One run of pytest on one worker per core (pytest-xdist: each test owns its ports,
-directories, Redis keys and kernels, so any two run at once). A third of the cores' time is
-then idle (``/proc/stat`` over a run on 2026-12-07: 328 of 1,131 core-seconds, 561 s)
-while both workers' tests wait (on a restarter's poll, a lease's expiry, a flood's pace, a
-browser's page). One worker more than the cores took that to 13 % and the run to 425 to
-496 s (five runs, 2026-12-07), but a browser test then failed in one of four fresh clones
-(its JupyterLab page came up without its theme's stylesheet, and the kernel's indicator
-never showed), as one had under three workers on 2026-12-06 (a widgets page missed a
-line); under one worker per core neither was seen in any run. On a slower day
-(2026-12-07 night) three workers took 506 to 541 s in four runs, all passed, and two
-workers 639 s: that day the suite's work took about 1,000 core-seconds, more than two
-cores have in 8 minutes, whatever the workers (docs/guarantees.md, "Known limits"). Four
-workers on two cores
-(569 s against 793 s in one measure) failed a different time-sensitive test in each
-fresh clone (a 5 s close handshake, a browser page's 180 s wait, an upstream flood that
-stalled).
+One run of pytest on one worker more than there are cores (pytest-xdist: each test owns its
+ports, directories, Redis keys and kernels, so any two run at once). The suite's tests wait
+(on a restarter's poll, a lease's expiry, a flood's pace, a browser's page), and with one
+worker per core the cores sat idle a fifth to a third of the time (``/proc/stat`` over a
+fresh clone's ``.ci/run`` on 2026-12-08: 309 of 1,051 core-seconds; 503 s of pytest). A
+third worker took that to 11 or 12 % and pytest's run to 438 to 452 s (four fresh clones
+that night, all passed).
+
+It had been tried before and put back: on 2026-12-06 and 12-07 two of about ten
+three-worker runs failed a browser test (a widgets page missed a line; a JupyterLab page
+came up without its theme's stylesheet and waited out 180 s), and neither cause was found.
+Neither came again in the three-worker runs since (docs/guarantees.md, "Known limits",
+has the count); the browser tests print which of their page's requests failed, should it
+come again. Four workers on two cores (569 s against 793 s in one measure) failed a
+different time-sensitive test in each fresh clone (a 5 s close handshake, a browser page's
+180 s wait, an upstream flood that stalled).
 
 The tests marked ``alone`` measure the daemon's memory under a flood or a storm. They run
 one after another on one worker (``tests/conftest.py`` puts them in one xdist group),
-never beside each other, while the other worker runs the rest. Until 2026-12-07 they ran
+never beside each other, while the other workers run the rest. Until 2026-12-07 they ran
 after the others, in a second run of their own: 144 to 170 s in which one core was about
 half idle (``/proc/stat``: 146 s busy of 320). What they bound is the daemon's own memory,
 which another test's processes do not add to; a bound that held only on an idle machine
@@ -49,7 +49,8 @@ def main(arguments: list[str]) -> int:
     # (into __pycache__ directories, ignored by git), so each is compiled once a run.
     environment = dict(os.environ)
     environment.pop("PYTHONDONTWRITEBYTECODE", None)
-    run = ["-n", "auto", "--dist", "loadgroup", *arguments]
+    workers = len(os.sched_getaffinity(0)) + 1
+    run = ["-n", str(workers), "--dist", "loadgroup", *arguments]
     return subprocess.call([sys.executable, "-m", "pytest", *run], env=environment)
 
 
