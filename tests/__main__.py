@@ -5,14 +5,14 @@ ports, directories, Redis keys and kernels, so any two run at once). The suite's
 (on a restarter's poll, a lease's expiry, a flood's pace, a browser's page), and with one
 worker per core the cores sat idle a fifth to a third of the time (``/proc/stat`` over a
 fresh clone's ``.ci/run`` on 2026-12-08: 309 of 1,051 core-seconds; 503 s of pytest). A
-third worker took that to 11 or 12 % and pytest's run to 438 to 452 s (four fresh clones
+third worker took that to 9 to 13 % and pytest's run to 431 to 469 s (nine fresh clones
 that night, all passed).
 
 It had been tried before and put back: on 2026-12-06 and 12-07 two of about ten
 three-worker runs failed a browser test (a widgets page missed a line; a JupyterLab page
 came up without its theme's stylesheet and waited out 180 s), and neither cause was found.
-Neither came again in the three-worker runs since (docs/guarantees.md, "Known limits",
-has the count); the browser tests print which of their page's requests failed, should it
+Neither came again in the nine three-worker fresh clones of 2026-12-08 (docs/guarantees.md,
+"Known limits"); the browser tests print which of their page's requests failed, should it
 come again. Four workers on two cores (569 s against 793 s in one measure) failed a
 different time-sensitive test in each fresh clone (a 5 s close handshake, a browser page's
 180 s wait, an upstream flood that stalled).

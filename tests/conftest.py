@@ -187,7 +187,7 @@ SLOW_TIERS = frozenset({"browser", "faults", "integration", "security"})
 
 
 #: The tests marked ``alone`` (they measure the daemon's memory) run one after another on
-#: one worker, beside the other worker's tests: see ``tests/__main__.py``.
+#: one worker, beside the other workers' tests: see ``tests/__main__.py``.
 ALONE = pytest.mark.xdist_group("alone")
 
 
