@@ -3,9 +3,10 @@
 Runs ``python -m tests`` (the arguments go to it) and meanwhile reads, a few times a
 second, every process's CPU from ``/proc`` and the machine's busy and idle time from
 ``/proc/stat``. At the end it prints, per kind of process (daemons, kernels, pytest
-workers, chromium, ...), the core-seconds and the count, then how much of the cores' time
-was idle, and writes every process it saw to a JSON file (``--out``). What
-docs/guarantees.md says of the suite's CPU and idle share was read this way.
+workers, chromium, ...), the core-seconds spent meanwhile and how many started, then how
+much of the cores' time was idle, and writes every process it saw to a JSON file
+(``--out``). What docs/guarantees.md says of the suite's CPU and idle share was read this
+way.
 
 A process that starts and ends between two reads is not seen: the census undercounts,
 and ``/proc/stat``'s busy time says by how much. Linux only.
@@ -58,7 +59,14 @@ class Seen:
     pid: int
     command: list[str]
     kind: str
-    cpu: float  # seconds, user and system
+    cpu: float  # seconds, user and system, since the process started
+    before: float = 0.0  # what of it was spent before the census began
+    started: bool = True  # whether it started while the census ran
+
+    @property
+    def spent(self) -> float:
+        """Seconds of CPU spent while the census ran."""
+        return self.cpu - self.before
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -80,6 +88,11 @@ class Census:
         self.end_times = self.start_times
 
     def start(self) -> None:
+        # What already runs (the machine's services, a database) counts from here on,
+        # not from its own start.
+        self._scan()
+        for seen in self.seen.values():
+            seen.before, seen.started = seen.cpu, False
         self._thread.start()
 
     def stop(self) -> None:
@@ -88,12 +101,15 @@ class Census:
         self.end_times = _cpu_times()
 
     def _run(self) -> None:
+        while not self._stop.wait(INTERVAL):
+            self._scan()
+        self._scan()
+
+    def _scan(self) -> None:
         me = os.getpid()
-        while not self._stop.is_set():
-            for entry in os.listdir("/proc"):
-                if entry.isdigit() and int(entry) != me:
-                    self._read(int(entry))
-            self._stop.wait(INTERVAL)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != me:
+                self._read(int(entry))
 
     def _read(self, pid: int) -> None:
         try:
@@ -121,12 +137,14 @@ class Census:
         seconds: dict[str, float] = defaultdict(float)
         counts: Counter[str] = Counter()
         for seen in self.seen.values():
-            seconds[seen.kind] += seen.cpu
-            counts[seen.kind] += 1
-        lines = ["| kind | core-seconds | processes |", "|---|---:|---:|"]
+            seconds[seen.kind] += seen.spent
+            counts[seen.kind] += seen.started
+        lines = ["| kind | core-seconds | processes started |", "|---|---:|---:|"]
         for kind, spent in sorted(seconds.items(), key=lambda item: -item[1]):
             lines.append(f"| {kind} | {spent:.1f} | {counts[kind]} |")
-        lines.append(f"| all the census saw | {sum(seconds.values()):.1f} | {len(self.seen)} |")
+        lines.append(
+            f"| all the census saw | {sum(seconds.values()):.1f} | {sum(counts.values())} |"
+        )
         total = (self.end_times[0] - self.start_times[0]) / self._ticks
         idle = (self.end_times[1] - self.start_times[1]) / self._ticks
         if total:

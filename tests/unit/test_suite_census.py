@@ -53,3 +53,26 @@ def test_a_process_that_spends_cpu_is_counted_under_its_kind() -> None:
     report = census.report()
     assert "| kernel |" in report
     assert "/proc/stat:" in report
+
+
+def test_a_process_that_ran_before_counts_only_what_it_spends_meanwhile() -> None:
+    # It spends about 0.3 s of CPU, says so, then sleeps until it is killed.
+    spin = (
+        "import sys, time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\nprint(flush=True)\ntime.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        child.stdout.readline()
+        census = Census()
+        census.start()
+        time.sleep(0.5)
+        census.stop()
+    finally:
+        child.kill()
+        child.wait()
+    [seen] = [seen for seen in census.seen.values() if seen.pid == child.pid]
+    assert seen.cpu >= 0.3
+    assert not seen.started
+    assert seen.spent < 0.1  # it slept meanwhile
