@@ -58,10 +58,13 @@ class Seen:
 
     pid: int
     command: list[str]
-    kind: str
     cpu: float  # seconds, user and system, since the process started
     before: float = 0.0  # what of it was spent before the census began
     started: bool = True  # whether it started while the census ran
+
+    @property
+    def kind(self) -> str:
+        return kind_of(self.command)
 
     @property
     def spent(self) -> float:
@@ -84,10 +87,10 @@ class Census:
         self._ticks = os.sysconf("SC_CLK_TCK")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self.start_times = _cpu_times()
-        self.end_times = self.start_times
+        self.start_times = self.end_times = _cpu_times()
 
     def start(self) -> None:
+        self.start_times = _cpu_times()
         # What already runs (the machine's services, a database) counts from here on,
         # not from its own start.
         self._scan()
@@ -123,11 +126,9 @@ class Census:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 parts = cmdline.read().split(b"\0")
             command = [part.decode(errors="replace") for part in parts if part]
-            seen = self.seen.get(key)
-            if seen is None:
-                seen = self.seen[key] = Seen(pid, command, kind_of(command), cpu)
-            elif command and command != seen.command:
-                seen.command, seen.kind = command, kind_of(command)
+            seen = self.seen.setdefault(key, Seen(pid, command, cpu))
+            if command:
+                seen.command = command
             seen.cpu = cpu
         except (OSError, ValueError, IndexError):
             pass  # ended meanwhile
@@ -169,7 +170,9 @@ def main(arguments: list[str]) -> int:
     print(f"\n`python -m tests` took {time.monotonic() - began:.0f} s, exit status {status}\n")
     print(census.report())
     options.out.parent.mkdir(parents=True, exist_ok=True)
-    options.out.write_text(json.dumps([asdict(seen) for seen in census.seen.values()]))
+    options.out.write_text(
+        json.dumps([{**asdict(seen), "kind": seen.kind} for seen in census.seen.values()])
+    )
     return status
 
 
