@@ -416,7 +416,14 @@ async def test_interrupt_and_restart_keep_the_namespace(
         info = km.get_connection_info()
         first_pid = km.provisioner.pid  # type: ignore[union-attr]
         user = km.provisioner.network.user  # type: ignore[union-attr]
-        msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(600)")
+        # The line is printed without flush=True: a flush makes the cell wait (a
+        # threading.Event) for ipykernel's IO thread to send it, and the SIGINT below, sent
+        # as the line arrives, lands as that wait ends. A KeyboardInterrupt raised as
+        # Condition.wait takes its lock back leaves the lock released, and the cell then
+        # raises "RuntimeError: release unlocked lock" in its place (CPython's
+        # python/cpython#118433, #78667: this test got that RuntimeError once). Unflushed,
+        # the IO thread sends the line on its own 0.2 s later, while the cell sleeps.
+        msg_id = client.execute("import time\nprint('sleeping')\ntime.sleep(600)")
         while True:  # until the cell runs
             msg = await client.get_iopub_msg(timeout=seconds(60))
             if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
