@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -52,7 +51,12 @@ async def test_sigkilled_daemon_restarts_with_transcripts_and_numbering(daemon: 
     assert received.text() == expected
     ws.close()
     before = await daemon.fetch(f"/api/kernels/{kernel_id}/transcript?limit=1")
-    await asyncio.sleep(seconds(1))  # let the writer commit its last batch
+
+    async def all_written() -> bool:
+        health = await daemon.fetch("/api/gateway/health")
+        return health["components"]["store"]["pending_records"] == 0
+
+    await wait_until(all_written, "the writer to commit its last batch")
     daemon.kill_hard()
 
     daemon.start()
