@@ -48,7 +48,7 @@ async def test_a_kernel_outlives_a_sigkilled_gateway(daemon: Daemon) -> None:
     daemon.start()
     await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
-    [kernel_pid] = daemon.kernel_pids()
+    kernel_pid = await daemon.kernel_pid()
     # A notebook's session on it (what a JupyterLab page finds its kernel by).
     session = {
         "path": "nb.ipynb",

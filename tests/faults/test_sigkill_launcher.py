@@ -42,7 +42,7 @@ async def test_a_sigkill_mid_flood_loses_no_line_of_a_launcher_kernel(
     daemon.start(*options)
     await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
-    [kernel_pid] = daemon.kernel_pids()
+    kernel_pid = await daemon.kernel_pid()
     try:
         ws = await daemon.channels(kernel_id, protocol="v1")
         msg_id = ws.execute(FLOOD)

@@ -41,7 +41,7 @@ async def test_every_surface_waits_for_a_kernel_being_re_attached(daemon: Daemon
     daemon.start(*OPTIONS)
     await daemon.wait_ready()
     kernel_id = await daemon.start_kernel()
-    [kernel_pid] = daemon.kernel_pids()
+    kernel_pid = await daemon.kernel_pid()
     base = f"/api/kernels/{kernel_id}"
     try:
         code = f"import time\ntime.sleep({SLEEP})\nprint('slept')"
