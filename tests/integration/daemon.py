@@ -142,7 +142,7 @@ class Daemon:
     async def kernel_pid(self, timeout: float = 10) -> int:
         """The pid of the daemon's one kernel, once it is the one process the daemon
         started besides its forkserver. Right after a start that is not always so at the
-        first look: a fresh clone's run found two such processes once (2026-12-08, not
+        first look: a fresh clone's run found more than one once (2026-12-08, not
         seen since, nor in 281 tries under load). Fails, after ``timeout`` seconds
         (scaled), saying what each process under the daemon is."""
         loop = asyncio.get_running_loop()

@@ -273,13 +273,7 @@ async def test_interrupt_restart_and_shutdown(
         assert json.loads(stdout) == [user.uid, 2, SANDBOX_HOME, SANDBOX_HOME]
         assert user.home in mounts_under(user.home)  # the storage's tmpfs
 
-        # The line is printed without flush=True: a flush makes the cell wait (a
-        # threading.Event) for ipykernel's IO thread to send it, and the SIGINT below, sent
-        # as the line arrives, lands as that wait ends. A KeyboardInterrupt raised as
-        # Condition.wait takes its lock back leaves the lock released, and the cell then
-        # raises "RuntimeError: release unlocked lock" in its place (CPython's
-        # python/cpython#118433, #78667: this test got that RuntimeError once). Unflushed,
-        # the IO thread sends the line on its own 0.2 s later, while the cell sleeps.
+        # Not flushed: see test_netns.test_interrupt_and_restart_keep_the_namespace.
         msg_id = client.execute("import time\nprint('sleeping')\ntime.sleep(600)")
         while True:  # until the cell runs
             msg = await client.get_iopub_msg(timeout=seconds(60))
