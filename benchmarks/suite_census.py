@@ -87,7 +87,8 @@ class Census:
         self._ticks = os.sysconf("SC_CLK_TCK")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self.start_times = self.end_times = _cpu_times()
+        #: The machine's (total, idle) clock ticks when the census started and ended.
+        self.start_times = self.end_times = (0, 0)
 
     def start(self) -> None:
         self.start_times = _cpu_times()

@@ -21,6 +21,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from kernel_gateway_stream.core.forking import FORKSERVER_MODULE
 
 from ..timing import seconds
+from .waits import wait_until
 from .wsclient import KernelWS
 
 TOKEN = "test-token-for-the-daemon"
@@ -145,15 +146,18 @@ class Daemon:
         first look: a fresh clone's run found more than one once (2026-12-08, not
         seen since, nor in 281 tries under load). Fails, after ``timeout`` seconds
         (scaled), saying what each process under the daemon is."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds(timeout)
-        while len(pids := self.kernel_pids()) != 1:
-            if loop.time() > deadline:
-                raise AssertionError(
-                    "not one kernel under the daemon: "
-                    + "; ".join(_describe(pid) for pid in self._descendants())
-                )
-            await asyncio.sleep(0.05)
+        pids: list[int] = []
+
+        def one() -> bool:
+            pids[:] = self.kernel_pids()
+            return len(pids) == 1
+
+        def described() -> str:
+            return "one kernel under the daemon; there are: " + "; ".join(
+                _describe(pid) for pid in self._descendants()
+            )
+
+        await wait_until(one, described, timeout)
         return pids[0]
 
     def _descendants(self) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from ..timing import seconds
@@ -17,9 +18,10 @@ async def until_restarted(kernel: Any, timeout: float = 60) -> None:
         await asyncio.sleep(0.1)
 
 
-async def wait_until(predicate: Any, what: str, timeout: float = 30) -> None:
+async def wait_until(predicate: Any, what: str | Callable[[], str], timeout: float = 30) -> None:
     """Until ``predicate()`` (a function, or a coroutine function) is true; fails naming
-    ``what`` after ``timeout`` seconds, scaled for this machine."""
+    ``what`` (or what ``what()`` says then) after ``timeout`` seconds, scaled for this
+    machine."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds(timeout)
     while True:
@@ -29,5 +31,7 @@ async def wait_until(predicate: Any, what: str, timeout: float = 30) -> None:
         if value:
             return
         if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(
+                f"timed out waiting for {what if isinstance(what, str) else what()}"
+            )
         await asyncio.sleep(0.05)
